@@ -1,0 +1,53 @@
+"""Deterministic CIFAR augmentation in numpy.
+
+Every random choice is a function of (seed, epoch, index) only, never of a worker's RNG state, so any
+loader, any worker count and either framework produce bit-identical samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PAD = 4
+
+# Per-channel statistics of the real training sets (the usual published values), used for normalisation.
+CHANNEL_STATS: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+}
+
+
+def channel_stats(dataset: str) -> tuple[np.ndarray, np.ndarray]:
+    key = dataset.split(":")[-1]
+    mean, std = CHANNEL_STATS.get(key, CHANNEL_STATS["synthetic"])
+    return np.asarray(mean, np.float32), np.asarray(std, np.float32)
+
+
+def crop_and_flip(seed: int, epoch: int, index: int) -> tuple[int, int, bool]:
+    """The random choices for one sample: top, left offset into the padded image, and horizontal flip."""
+    rng = np.random.default_rng((seed, epoch, index))
+    top, left = rng.integers(0, 2 * PAD + 1, size=2)
+    flip = bool(rng.integers(0, 2))
+    return int(top), int(left), flip
+
+
+def normalise(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    return ((image.astype(np.float32) / np.float32(255.0)) - mean) / std
+
+
+def train_transform(
+    image: np.ndarray, seed: int, epoch: int, index: int, mean: np.ndarray, std: np.ndarray
+) -> np.ndarray:
+    """Pad-4 random crop (zero padding, as torchvision's RandomCrop), random flip, normalise; HWC float32."""
+    height, width = image.shape[:2]
+    top, left, flip = crop_and_flip(seed, epoch, index)
+    padded = np.pad(image, ((PAD, PAD), (PAD, PAD), (0, 0)))
+    out = padded[top : top + height, left : left + width]
+    if flip:
+        out = out[:, ::-1]
+    return normalise(out, mean, std)
+
+
+def eval_transform(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    return normalise(image, mean, std)

@@ -1,0 +1,44 @@
+"""Batch assembly shared by both loaders: the same function turns index arrays into arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.data.augment import channel_stats, eval_transform, train_transform
+from common.data.sampler import EpochSampler
+from common.data.sources import Source
+
+
+@dataclass
+class BatchMaker:
+    """Turns (epoch, indices) into an NHWC float32 image batch and int32 labels, identically everywhere."""
+
+    source: Source
+    train: bool
+    seed: int = 0
+    mean: np.ndarray = field(init=False)
+    std: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.mean, self.std = channel_stats(self.source.name.split("+")[0])
+
+    def sample(self, epoch: int, index: int) -> tuple[np.ndarray, int]:
+        image, label = self.source[int(index)]
+        if self.train:
+            return train_transform(image, self.seed, epoch, int(index), self.mean, self.std), label
+        return eval_transform(image, self.mean, self.std), label
+
+    def __call__(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        samples = [self.sample(epoch, int(i)) for i in indices]
+        images = np.stack([s[0] for s in samples])
+        labels = np.asarray([s[1] for s in samples], np.int32)
+        return images, labels
+
+
+def make_sampler(source: Source, batch_size: int, seed: int, train: bool, drop_last: bool = False,
+                 rank: int = 0, world_size: int = 1) -> EpochSampler:
+    """Training shuffles by (seed, epoch); evaluation walks the split in order."""
+    return EpochSampler(len(source), batch_size, seed=seed, shuffle=train, drop_last=drop_last,
+                        rank=rank, world_size=world_size)

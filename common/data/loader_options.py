@@ -1,0 +1,44 @@
+"""Loader knobs shared by both adapters, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.errors import DataError
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """What a loader may tune. ``workers`` are processes (torch DataLoader workers / grain workers);
+    ``prefetch`` is batches buffered per worker; ``pin_memory`` (torch) and ``device_prefetch`` (JAX, batches
+    already on the device) are each framework's way to overlap host-to-device copies with compute."""
+
+    batch_size: int
+    workers: int = 0
+    prefetch: int = 2
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    device_prefetch: int = 0
+    drop_last: bool = False
+    seed: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0:
+            raise DataError(f"batch size must be positive, got {self.batch_size}")
+        if self.workers < 0:
+            raise DataError(f"worker count must be 0 (load in the main process) or more, got {self.workers}")
+        if self.prefetch <= 0:
+            raise DataError(f"prefetch must be at least 1 batch per worker, got {self.prefetch}")
+        if self.device_prefetch < 0:
+            raise DataError(f"device prefetch must be 0 or more batches, got {self.device_prefetch}")
+
+    def no_effect_here(self, framework: str) -> list[str]:
+        """Options that are accepted but change nothing in this setting (recorded, never an error)."""
+        notes = []
+        if self.workers == 0 and self.persistent_workers:
+            notes.append("persistent_workers: no effect with 0 workers")
+        if framework == "torch" and self.workers == 0 and self.prefetch != 2:
+            notes.append("prefetch: no effect with 0 workers")
+        return notes

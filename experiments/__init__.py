@@ -1,0 +1,1 @@
+"""The driver: the only package that may import both framework implementations."""

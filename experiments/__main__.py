@@ -1,0 +1,34 @@
+"""``twinrun`` (= ``python -m experiments``): the driver's commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from common.errors import TwinrunError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from experiments import loader_bench
+
+    parser = argparse.ArgumentParser(prog="twinrun", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    loader_bench.add_arguments(commands.add_parser("loader-bench", help="loader images/s per framework and worker count"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "loader-bench":
+            from experiments import loader_bench
+
+            loader_bench.run(args)
+    except TwinrunError as exc:
+        print(f"twinrun {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,19 @@
+"""Embedded defaults: a generated CIFAR-100-format archive stands in when no data path is given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.data.cifar import LAYOUTS
+from common.data.fixtures import write_cifar_archive
+
+DEFAULT_DATA_ROOT = Path("data")
+
+
+def default_archive(kind: str = "cifar100", n_train: int = 5000, n_test: int = 1000, root: Path = DEFAULT_DATA_ROOT) -> Path:
+    """Path to a generated ``kind`` archive in the official format (made once, then reused)."""
+    folder = root / f"generated-{kind}-{n_train}-{n_test}"
+    archive = folder / LAYOUTS[kind].archive_name
+    if not archive.exists():
+        write_cifar_archive(archive, kind=kind, n_train=n_train, n_test=n_test, seed=0)
+    return archive

@@ -1,0 +1,40 @@
+"""Entry point of an isolated job: ``python -m experiments.worker TASK PAYLOAD_JSON OUT_JSON``.
+
+Imports only the framework the job needs, so a torch job never loads JAX and the reverse.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common.results import atomic_write_text
+
+
+def _loader_bench(payload: dict[str, Any]) -> dict[str, Any]:
+    from experiments.loader_bench import measure_in_process
+
+    return measure_in_process(payload)
+
+
+TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "loader-bench": _loader_bench,
+}
+
+
+def main(argv: list[str]) -> int:
+    task, payload, out = argv[0], json.loads(argv[1]), Path(argv[2])
+    try:
+        result = TASKS[task](payload)
+    except Exception as exc:  # the job failed; say why in its result instead of losing it
+        result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+    atomic_write_text(out, json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

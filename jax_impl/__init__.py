@@ -1,0 +1,1 @@
+"""JAX/Flax side of twinrun. Never imports torch_impl."""

@@ -1,0 +1,98 @@
+"""grain pipeline over the shared source, sampler and transforms, plus a device-prefetch stage.
+
+grain workers assemble whole batches (as torch DataLoader workers do), and ``device_prefetch`` keeps N
+batches already transferred to the device: JAX's analogue of pinned memory + prefetch.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grain
+import jax
+import numpy as np
+from absl import flags
+
+
+from common.data import BatchMaker, Source, make_sampler
+from common.data.loader_options import LoaderOptions
+
+
+# grain reads absl flags in its workers; a library user never calls absl.app.run, so mark them parsed.
+if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
+@dataclass
+class _EpochBatch:
+    """Picklable map function for grain workers: indices -> (images NHWC, labels)."""
+
+    maker: BatchMaker
+    epoch: int
+
+    def __call__(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return self.maker(self.epoch, indices)
+
+
+def device_prefetch(batches: Iterator, size: int, device: jax.Device | None = None) -> Iterator:
+    """Keeps ``size`` batches in flight on the device (device_put is asynchronous); 0 transfers on demand."""
+    queue: collections.deque = collections.deque()
+    for batch in batches:
+        queue.append(jax.device_put(batch, device))
+        if len(queue) > size:
+            yield queue.popleft()
+    while queue:
+        yield queue.popleft()
+
+
+class JaxLoader:
+    """One loader over the shared pipeline; ``epoch(e)`` iterates that epoch's batches as jax arrays."""
+
+    def __init__(self, source: Source, options: LoaderOptions, train: bool) -> None:
+        self.options = options
+        self.sampler = make_sampler(source, options.batch_size, options.seed, train, options.drop_last,
+                                    options.rank, options.world_size)
+        self.maker = BatchMaker(source, train=train, seed=options.seed)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def host_batches(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The epoch's batches as numpy arrays, before any device transfer."""
+        dataset = grain.MapDataset.source(self.sampler.batches(epoch)).map(_EpochBatch(self.maker, epoch))
+        # Data is in memory, so no reader threads (grain's advice); parallelism comes from worker processes.
+        iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=self.options.prefetch))
+        if self.options.workers > 0:
+            iterable = iterable.mp_prefetch(
+                grain.MultiprocessingOptions(num_workers=self.options.workers, per_worker_buffer_size=self.options.prefetch)
+            )
+        return iter(iterable)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[jax.Array, jax.Array]]:
+        return device_prefetch(self.host_batches(epoch), self.options.device_prefetch)
+
+
+def make_loader(source: Source, options: LoaderOptions, train: bool = True) -> JaxLoader:
+    return JaxLoader(source, options, train)
+
+
+def time_loader(loader: JaxLoader, epoch: int, max_batches: int) -> tuple[float, list[float]]:
+    """(seconds to the first batch on the device, seconds for each later batch on the device)."""
+    clock = time.perf_counter
+    start = clock()
+    times: list[float] = []
+    first = None
+    for number, batch in enumerate(loader.epoch(epoch)):
+        jax.block_until_ready(batch)
+        now = clock()
+        if first is None:
+            first = now - start
+        else:
+            times.append(now - start)
+        start = now
+        if number + 1 >= max_batches:
+            break
+    return float(first or 0.0), times

@@ -1,0 +1,1 @@
+"""PyTorch side of twinrun. Never imports jax_impl."""

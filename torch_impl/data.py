@@ -1,0 +1,120 @@
+"""torch DataLoader over the shared source, sampler and transforms.
+
+Workers assemble whole batches (the dataset is indexed by (epoch, batch indices)), which mirrors the
+grain pipeline on the JAX side, and the DataLoader knobs are passed straight through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import sys
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from common.data import BatchMaker, EpochSampler, Source, make_sampler
+from common.data.loader_options import LoaderOptions
+
+BatchKey = tuple[int, np.ndarray]
+
+
+class BatchDataset(Dataset):
+    """``dataset[(epoch, indices)]`` -> (images NCHW float32, labels int64) for one batch."""
+
+    def __init__(self, maker: BatchMaker) -> None:
+        self.maker = maker
+
+    def __getitem__(self, key: BatchKey) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        epoch, indices = key
+        images, labels = self.maker(epoch, indices)
+        return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels.astype(np.int64))
+
+
+class EpochBatchSampler(Sampler):
+    """Yields (epoch, indices) keys; set_epoch runs in the main process, so persistent workers follow it."""
+
+    def __init__(self, sampler: EpochSampler) -> None:
+        self.sampler = sampler
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[BatchKey]:
+        epoch = self.epoch
+        return iter([(epoch, b) for b in self.sampler.batches(epoch)])
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class TorchLoader:
+    """One loader over the shared pipeline; ``epoch(e)`` iterates that epoch's batches."""
+
+    def __init__(self, source: Source, options: LoaderOptions, train: bool) -> None:
+        self.options = options
+        self.sampler = make_sampler(source, options.batch_size, options.seed, train, options.drop_last,
+                                    options.rank, options.world_size)
+        self.batch_sampler = EpochBatchSampler(self.sampler)
+        extra = {}
+        if options.workers > 0:
+            extra = {"prefetch_factor": options.prefetch, "persistent_workers": options.persistent_workers}
+            if "jax" in sys.modules:
+                # Forking a process in which JAX's threads run can deadlock (shared test processes only;
+                # measured runs are one framework per process and keep torch's default fork).
+                extra["multiprocessing_context"] = "spawn"
+        self.loader = DataLoader(
+            BatchDataset(BatchMaker(source, train=train, seed=options.seed)),
+            batch_size=None,  # the dataset already returns whole batches
+            sampler=self.batch_sampler,
+            num_workers=options.workers,
+            # pin_memory without CUDA is accepted and has no effect (torch only warns); keep it quiet.
+            pin_memory=options.pin_memory and torch.cuda.is_available(),
+            **extra,
+        )
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self.batch_sampler.set_epoch(epoch)
+        return iter(self.loader)
+
+
+def make_loader(source: Source, options: LoaderOptions, train: bool = True) -> TorchLoader:
+    return TorchLoader(source, options, train)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for queued device work, so a timer stops when the work is done, not when it was queued."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_loader(loader: TorchLoader, epoch: int, max_batches: int) -> tuple[float, list[float]]:
+    """(seconds to the first batch on the device, seconds for each later batch on the device)."""
+    device = default_device()
+    non_blocking = loader.options.pin_memory and device.type == "cuda"
+    clock = time.perf_counter
+    start = clock()
+    times: list[float] = []
+    first = None
+    for number, (images, labels) in enumerate(loader.epoch(epoch)):
+        images, labels = images.to(device, non_blocking=non_blocking), labels.to(device, non_blocking=non_blocking)
+        synchronize(device)
+        now = clock()
+        if first is None:
+            first = now - start
+        else:
+            times.append(now - start)
+        start = now
+        if number + 1 >= max_batches:
+            break
+    return float(first or 0.0), times
