@@ -9,11 +9,12 @@ from common.errors import TwinrunError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from experiments import loader_bench
+    from experiments import loader_bench, parity
 
     parser = argparse.ArgumentParser(prog="twinrun", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     loader_bench.add_arguments(commands.add_parser("loader-bench", help="loader images/s per framework and worker count"))
+    parity.add_arguments(commands.add_parser("parity", help="torch vs Flax on transferred weights: logits, statistics, gradients"))
     return parser
 
 
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
             from experiments import loader_bench
 
             loader_bench.run(args)
+        elif args.command == "parity":
+            from experiments import parity
+
+            return parity.run(args)
     except TwinrunError as exc:
         print(f"twinrun {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,57 @@
+"""Analytic forward FLOPs of a ResNet description: the floor that measured step times are held against.
+
+Counts convolutions and the classifier as 2 FLOPs per multiply-accumulate (the convention of torch's
+FlopCounterMode and XLA's cost analysis); normalisation, activations and pooling are a few per cent of
+a ResNet's work and are not counted. A training step costs about 3x the forward pass (forward, and a
+backward pass with two products of the same size per layer).
+"""
+
+from __future__ import annotations
+
+from common.arch import ResNetArch, conv_output_size
+
+TRAIN_STEP_FACTOR = 3.0
+
+
+def taps_per_axis(size: int, kernel: int, stride: int, padding: int, count_padding: bool) -> int:
+    """(output position, kernel tap) pairs along one axis; without ``count_padding`` only taps that land
+    inside the input (XLA's cost analysis skips products with the zero padding, torch's counter does not)."""
+    out_size = conv_output_size(size, kernel, stride, padding)
+    if count_padding:
+        return out_size * kernel
+    return sum(1 for o in range(out_size) for t in range(kernel) if 0 <= o * stride - padding + t < size)
+
+
+def conv_flops(in_channels: int, out_channels: int, size: int, kernel: int, stride: int, count_padding: bool = True) -> int:
+    padding = kernel // 2
+    return 2 * in_channels * out_channels * taps_per_axis(size, kernel, stride, padding, count_padding) ** 2
+
+
+def forward_flops(arch: ResNetArch, image_size: int = 32, batch_size: int = 1, count_padding: bool = True) -> int:
+    """Forward FLOPs for ``batch_size`` images of image_size x image_size."""
+    pad = count_padding
+    total = 0
+    if arch.stem == "cifar":
+        size = image_size
+        total += conv_flops(3, arch.stem_channels, size, 3, 1, pad)
+    else:
+        total += conv_flops(3, arch.stem_channels, image_size, 7, 2, pad)
+        size = conv_output_size(conv_output_size(image_size, 7, 2, 3), 3, 2, 1)
+    for block in arch.blocks:
+        out_size = conv_output_size(size, 3, block.stride, 1)
+        if arch.block == "basic":
+            total += conv_flops(block.in_channels, block.planes, size, 3, block.stride, pad)
+            total += conv_flops(block.planes, block.out_channels, out_size, 3, 1, pad)
+        else:
+            total += conv_flops(block.in_channels, block.planes, size, 1, 1, pad)
+            total += conv_flops(block.planes, block.planes, size, 3, block.stride, pad)
+            total += conv_flops(block.planes, block.out_channels, out_size, 1, 1, pad)
+        if block.has_downsample:
+            total += conv_flops(block.in_channels, block.out_channels, size, 1, block.stride, pad)
+        size = out_size
+    total += 2 * arch.feature_channels * arch.num_classes
+    return total * batch_size
+
+
+def train_step_flops(arch: ResNetArch, image_size: int = 32, batch_size: int = 1) -> float:
+    return TRAIN_STEP_FACTOR * forward_flops(arch, image_size, batch_size)

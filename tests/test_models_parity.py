@@ -1,0 +1,118 @@
+"""The twin models compute the same thing: same weights and input give the same logits, statistics and
+gradients; weights transfer both ways exactly; our torch ResNet-50 is torchvision's."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+import torch
+import torchvision
+
+from common.arch import resnet
+from experiments.parity import TOLERANCES, flax_to_torch, load_flax_into_torch, paired_forward_backward, torch_to_flax
+from jax_impl.models import init_variables, make_model as make_flax
+from torch_impl.models import make_model as make_torch
+
+
+CONFIGS = [("resnet18", "cifar", "batch"), ("resnet18", "imagenet", "batch"), ("resnet18", "cifar", "group")]
+
+
+@pytest.mark.parametrize("name,stem,norm", CONFIGS)
+def test_fp32_logits_statistics_and_gradients_match(name, stem, norm):
+    """fp32 at the issue's tolerances. Seed 0 is fixed on purpose: with another batch, a ReLU input
+    that lies within fp32 rounding of zero can switch sides on one framework only, and that single
+    position moves a conv-weight gradient by ~1e-2 relative (seen with seed 1); the float64 test below
+    is the seed-independent proof that the semantics are equal."""
+    arch = resnet(name, stem=stem, width=0.25, num_classes=100, norm=norm)
+    results = paired_forward_backward(arch, batch_size=8, image_size=32 if stem == "cifar" else 64, seed=0)
+    for quantity, value in results.items():
+        assert value <= TOLERANCES[quantity], f"{quantity}: {value:.2e} > {TOLERANCES[quantity]:.0e}"
+
+
+@pytest.mark.parametrize("name,stem,norm,seed", [(*c, s) for c in CONFIGS for s in (1, 2)] +
+                         [("resnet50", "cifar", "batch", 1), ("resnet50", "imagenet", "batch", 2)])
+def test_float64_semantics_are_identical(name, stem, norm, seed):
+    """In fp64 rounding cannot flip a ReLU or be amplified through deep BatchNorm stacks (a random-init
+    ResNet-50 in fp32 shows gradient gaps of 1e-1 while its logits agree), so any gap above 1e-9
+    would be a real difference between the implementations."""
+    arch = resnet(name, stem=stem, width=0.25, num_classes=100, norm=norm)
+    results = paired_forward_backward(arch, batch_size=4, image_size=32 if stem == "cifar" else 64, seed=seed, float64=True)
+    assert max(results.values()) < 1e-9, results
+
+
+def test_transfer_round_trips_exactly_both_ways():
+    arch = resnet("resnet50", stem="imagenet", width=0.25, num_classes=10)
+    torch.manual_seed(3)
+    model = make_torch(arch)
+    with torch.no_grad():  # make running statistics non-trivial so they are checked too
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+    template = init_variables(make_flax(arch), jax.random.key(0), 64)
+    variables = torch_to_flax(model.state_dict(), template)
+    back = flax_to_torch(variables)
+    state = model.state_dict()
+    assert set(back) == {k for k in state if not k.endswith("num_batches_tracked")}
+    for key, value in back.items():
+        np.testing.assert_array_equal(value, state[key].numpy())
+    other = make_torch(arch)
+    load_flax_into_torch(other, variables)
+    again = torch_to_flax(other.state_dict(), template)
+    jax.tree.map(np.testing.assert_array_equal, again, variables)
+
+
+def test_resnet50_is_torchvisions_resnet50():
+    arch = resnet("resnet50", stem="imagenet", width=1.0, num_classes=100)
+    ours = make_torch(arch).eval()
+    theirs = torchvision.models.resnet50(num_classes=100).eval()
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters())
+    ours.load_state_dict(theirs.state_dict())  # strict: every name and shape agrees
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+
+
+def test_flax_parameter_count_equals_torch():
+    arch = resnet("resnet50", stem="imagenet", width=1.0, num_classes=100)
+    variables = jax.eval_shape(lambda: init_variables(make_flax(arch), jax.random.key(0), 64))
+    flax_count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(variables["params"]))
+    assert flax_count == sum(p.numel() for p in torchvision.models.resnet50(num_classes=100).parameters())
+
+
+def test_initialisation_distributions_match():
+    """Both sides draw from the same distributions (not the same numbers): conv std sqrt(2/fan_out),
+    untruncated; Linear uniform +-1/sqrt(fan_in)."""
+    arch = resnet("resnet18", width=1.0, num_classes=100)
+    torch.manual_seed(0)
+    torch_state = make_torch(arch).state_dict()
+    flax_state = flax_to_torch(init_variables(make_flax(arch), jax.random.key(0)))
+    for key in ("layer3.0.conv2.weight", "fc.weight", "fc.bias"):
+        t, f = torch_state[key].numpy(), flax_state[key]
+        assert f.shape == t.shape
+        assert abs(f.std() / t.std() - 1) < 0.05, key
+        assert abs(np.abs(f).max() / np.abs(t).max() - 1) < 0.2, key
+    fan_out = 256 * 9
+    assert abs(flax_state["layer3.0.conv2.weight"].std() - (2 / fan_out) ** 0.5) < 0.02 * (2 / fan_out) ** 0.5
+
+
+def test_zero_init_residual_zeroes_last_norm_scale_on_both_sides():
+    arch = resnet("resnet18", width=0.25, zero_init_residual=True)
+    t = make_torch(arch).state_dict()
+    f = flax_to_torch(init_variables(make_flax(arch), jax.random.key(0)))
+    for key in ("layer1.0.bn2.weight", "layer4.1.bn2.weight"):
+        assert not t[key].any() and not f[key].any()
+    assert t["layer1.0.bn1.weight"].all() and f["layer1.0.bn1.weight"].all()
+
+
+def test_channels_last_gives_the_same_logits():
+    arch = resnet("resnet18", width=0.25)
+    torch.manual_seed(0)
+    plain = make_torch(arch).eval()
+    torch.manual_seed(0)
+    channels_last = make_torch(arch, channels_last=True).eval()
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(channels_last(x.to(memory_format=torch.channels_last)), plain(x), rtol=1e-5, atol=1e-5)
+    assert channels_last.conv1.weight.is_contiguous(memory_format=torch.channels_last)
