@@ -20,3 +20,40 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
         "max": float(values.max()),
         "n": int(len(values)),
     }
+
+
+class StepTimer:
+    """Per optimizer step: seconds waiting for data and seconds of (synchronized) device compute.
+
+    The first ``warmup`` steps are kept apart: the first step's time is reported as compile time (it
+    includes tracing/compilation), and none of them enter the steady-state statistics.
+    """
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = max(warmup, 1)
+        self.data_wait: list[float] = []
+        self.compute: list[float] = []
+        self.images: list[int] = []
+
+    def record(self, data_wait_s: float, compute_s: float, images: int) -> None:
+        self.data_wait.append(data_wait_s)
+        self.compute.append(compute_s)
+        self.images.append(images)
+
+    def summary(self) -> dict[str, object]:
+        if not self.compute:
+            return {"timed_steps": 0}
+        first = self.data_wait[0] + self.compute[0]
+        data, compute, images = self.data_wait[self.warmup:], self.compute[self.warmup:], self.images[self.warmup:]
+        out: dict[str, object] = {"first_step_s": first, "warmup_steps": min(self.warmup, len(self.compute)),
+                                  "timed_steps": len(compute)}
+        if compute:
+            totals = [d + c for d, c in zip(data, compute)]
+            out.update({
+                "step_s": summarize(totals),
+                "compute_s": summarize(compute),
+                "data_wait_s": summarize(data),
+                "data_wait_fraction": sum(data) / sum(totals),
+                "images_per_s": sum(images) / sum(totals),
+            })
+        return out

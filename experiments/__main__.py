@@ -9,11 +9,12 @@ from common.errors import TwinrunError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from experiments import loader_bench, parity
+    from experiments import loader_bench, parity, run_cmd
 
     parser = argparse.ArgumentParser(prog="twinrun", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     loader_bench.add_arguments(commands.add_parser("loader-bench", help="loader images/s per framework and worker count"))
+    run_cmd.add_arguments(commands.add_parser("run", help="one configuration through both frameworks, paired"))
     parity.add_arguments(commands.add_parser("parity", help="torch vs Flax on transferred weights: logits, statistics, gradients"))
     return parser
 
@@ -25,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
             from experiments import loader_bench
 
             loader_bench.run(args)
+        elif args.command == "run":
+            from experiments import run_cmd
+
+            return run_cmd.run(args)
         elif args.command == "parity":
             from experiments import parity
 

@@ -21,8 +21,29 @@ def _loader_bench(payload: dict[str, Any]) -> dict[str, Any]:
     return measure_in_process(payload)
 
 
+def _train(payload: dict[str, Any]) -> dict[str, Any]:
+    from common.config import RunConfig
+
+    config = RunConfig.from_dict(payload["config"])
+    if payload["framework"] == "torch":
+        from torch_impl.train import fit
+    else:
+        from jax_impl.train import fit
+    return fit(config)
+
+
+def _init_weights(payload: dict[str, Any]) -> dict[str, Any]:
+    from common.config import RunConfig
+    from torch_impl.train import export_initial_weights
+
+    export_initial_weights(RunConfig.from_dict(payload["config"]), payload["num_classes"], payload["path"])
+    return {"status": "ok", "path": payload["path"]}
+
+
 TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "loader-bench": _loader_bench,
+    "train": _train,
+    "init-weights": _init_weights,
 }
 
 

@@ -60,9 +60,12 @@ class JaxLoader:
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def host_batches(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """The epoch's batches as numpy arrays, before any device transfer."""
-        dataset = grain.MapDataset.source(self.sampler.batches(epoch)).map(_EpochBatch(self.maker, epoch))
+    def host_batches(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The epoch's batches from ``start_batch`` on as numpy arrays, before any device transfer."""
+        batches = self.sampler.batches(epoch)[start_batch:]
+        if not batches:
+            return iter(())
+        dataset = grain.MapDataset.source(batches).map(_EpochBatch(self.maker, epoch))
         # Data is in memory, so no reader threads (grain's advice); parallelism comes from worker processes.
         iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=self.options.prefetch))
         if self.options.workers > 0:
@@ -71,8 +74,9 @@ class JaxLoader:
             )
         return iter(iterable)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[jax.Array, jax.Array]]:
-        return device_prefetch(self.host_batches(epoch), self.options.device_prefetch)
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[jax.Array, jax.Array]]:
+        """The epoch's batches from ``start_batch`` on (a resumed run continues mid-epoch)."""
+        return device_prefetch(self.host_batches(epoch, start_batch), self.options.device_prefetch)
 
 
 def make_loader(source: Source, options: LoaderOptions, train: bool = True) -> JaxLoader:

@@ -10,7 +10,8 @@ import torch
 import torchvision
 
 from common.arch import resnet
-from experiments.parity import TOLERANCES, flax_to_torch, load_flax_into_torch, paired_forward_backward, torch_to_flax
+from common.weights import flax_to_torch, torch_to_flax
+from experiments.parity import TOLERANCES, load_flax_into_torch, paired_forward_backward
 from jax_impl.models import init_variables, make_model as make_flax
 from torch_impl.models import make_model as make_torch
 

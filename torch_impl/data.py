@@ -39,13 +39,15 @@ class EpochBatchSampler(Sampler):
     def __init__(self, sampler: EpochSampler) -> None:
         self.sampler = sampler
         self.epoch = 0
+        self.start_batch = 0
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.epoch = epoch
+        self.start_batch = start_batch
 
     def __iter__(self) -> Iterator[BatchKey]:
         epoch = self.epoch
-        return iter([(epoch, b) for b in self.sampler.batches(epoch)])
+        return iter([(epoch, b) for b in self.sampler.batches(epoch)[self.start_batch:]])
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -79,8 +81,9 @@ class TorchLoader:
     def __len__(self) -> int:
         return len(self.sampler)
 
-    def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        self.batch_sampler.set_epoch(epoch)
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The epoch's batches from ``start_batch`` on (a resumed run continues mid-epoch)."""
+        self.batch_sampler.set_epoch(epoch, start_batch)
         return iter(self.loader)
 
 

@@ -3,7 +3,8 @@ torchvision state_dict loads unchanged and weights transfer one-to-one to the Fl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -118,10 +119,34 @@ class ResNet(nn.Module):
         for stage, layer in self.stages():
             for block in layer:
                 if stage in self.checkpoint_stages and self.training:
-                    x = checkpoint(block, x, use_reentrant=False)
+                    x = _checkpointed(block, x)
                 else:
                     x = block(x)
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+@contextlib.contextmanager
+def _frozen_bn_statistics(module: nn.Module) -> Iterator[None]:
+    """Momentum 0 keeps running statistics as they are: the recomputed forward must not update them a
+    second time (Flax's remat discards the recomputation's updates by construction)."""
+    norms = [m for m in module.modules() if isinstance(m, nn.BatchNorm2d)]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+
+
+def _checkpointed(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        # Under torch.compile, AOTAutograd places the recomputation in the backward graph, where the
+        # functionalised BatchNorm updates are not replayed.
+        return checkpoint(block, x, use_reentrant=False)
+    return checkpoint(block, x, use_reentrant=False,
+                      context_fn=lambda: (contextlib.nullcontext(), _frozen_bn_statistics(block)))
 
 
 def make_model(arch: ResNetArch, channels_last: bool = False) -> ResNet:

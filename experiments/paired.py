@@ -1,0 +1,40 @@
+"""Paired runs: one RunConfig through both frameworks, from the same initial weights, each in its own process."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from common.config import RunConfig, open_sources
+from experiments.runner import run_isolated
+
+FRAMEWORKS = ("torch", "jax")
+
+
+def initial_weights(config: RunConfig, folder: Path, num_classes: int) -> Path:
+    """The torch-initialised weights for this model and seed (made once, in a torch-only process)."""
+    identity = {k: config.to_dict()[k] for k in ("model", "stem", "width", "norm", "zero_init_residual", "seed")}
+    digest = hashlib.sha1(json.dumps({**identity, "classes": num_classes}, sort_keys=True).encode()).hexdigest()[:12]
+    path = folder / f"init-{digest}.npz"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        result = run_isolated("init-weights", {"config": config.to_dict(), "num_classes": num_classes, "path": str(path)})
+        if result["status"] != "ok":
+            raise RuntimeError(f"could not make initial weights: {result['error']}")
+    return path
+
+
+def paired_config(config: RunConfig, folder: Path) -> RunConfig:
+    """``config`` with ``init_weights`` set, so both frameworks start from the same weights."""
+    if config.init_weights:
+        return config
+    train, _ = open_sources(config)  # also a clear error for a missing or corrupt data set, before any run
+    return config.replace(init_weights=str(initial_weights(config, folder, train.num_classes)))
+
+
+def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> dict[str, Any]:
+    result = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s)
+    result.setdefault("framework", framework)
+    return result

@@ -1,0 +1,36 @@
+"""Checkpoints with orbax-checkpoint (it writes to a temporary folder and renames: atomic)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+def checkpoint_path(folder: str | Path, step: int) -> Path:
+    return Path(folder).absolute() / f"jax_step_{step:08d}"
+
+
+def save(folder: str | Path, step: int, state: Any) -> Path:
+    path = checkpoint_path(folder, step)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(path, state)
+    checkpointer.wait_until_finished()
+    return path
+
+
+def latest(folder: str | Path) -> Path | None:
+    candidates = sorted(p for p in Path(folder).absolute().glob("jax_step_*") if p.is_dir() and "tmp" not in p.name)
+    return candidates[-1] if candidates else None
+
+
+def load(path: Path, like: Any) -> Any:
+    """Restores into the structure, shapes and dtypes of ``like``."""
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+    return ocp.StandardCheckpointer().restore(path, abstract)
+
+
+def step_of(path: Path) -> int:
+    return int(path.name.rsplit("_", 1)[1])

@@ -1,0 +1,60 @@
+"""RunConfig: flags (timm's names), TOML, and clear errors."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from common.config import RunConfig, add_config_arguments, config_from_args
+from common.errors import ConfigError
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    return config_from_args(parser.parse_args(argv))
+
+
+def test_timm_style_flags():
+    config = _parse(["--amp-dtype", "bf16", "-j", "4", "--grad-accum-steps", "2", "--pin-mem", "--channels-last",
+                     "--torchcompile-mode", "max-autotune", "--grad-checkpointing", "2,3", "-b", "64", "--steps", "7"])
+    assert (config.precision, config.workers, config.grad_accum_steps, config.pin_mem) == ("bf16", 4, 2, True)
+    assert config.channels_last and config.torchcompile_mode == "max-autotune"
+    assert config.checkpoint_stages == (2, 3) and config.batch_size == 64
+    assert config.steps == 7 and config.epochs is None
+
+
+def test_toml_with_sections_and_flag_override(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('model = "resnet34"\n[optimizer]\nlr = 0.2\noptimizer = "adamw"\n[techniques]\nprecision = "bf16"\n')
+    config = _parse(["--config", str(path), "--lr", "0.3"])
+    assert (config.model, config.optimizer, config.precision, config.lr) == ("resnet34", "adamw", "bf16", 0.3)
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"precision": "fp8"}, "unknown precision 'fp8'; known: fp32, bf16, fp16"),
+    ({"model": "vgg"}, "unknown model 'vgg'"),
+    ({"batch_size": 0}, "batch_size must be positive"),
+    ({"precision": "fp16", "grad_accum_steps": 2}, "fp16 with grad_accum_steps > 1"),
+    ({"grad_checkpointing": "5"}, "within 1..4"),
+    ({"grad_checkpointing": "some"}, "none, all or stage numbers"),
+    ({"steps": 5}, "exactly one of steps and epochs"),
+    ({"resume": True}, "resume needs checkpoint_dir"),
+    ({"inject_inf_at_step": 1}, "needs precision fp16"),
+    ({"label_smoothing": 1.5}, "label_smoothing"),
+])
+def test_bad_values_are_named(values, message):
+    with pytest.raises(ConfigError, match=message):
+        RunConfig(**values)
+
+
+def test_unknown_keys_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="unknown config key\\(s\\): colour"):
+        RunConfig.from_dict({"colour": "red"})
+    with pytest.raises(ConfigError, match="config file not found"):
+        RunConfig.from_toml(tmp_path / "none.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("model = = 1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        RunConfig.from_toml(bad)

@@ -1,0 +1,200 @@
+"""Twin trainers: the same steps in both frameworks, and each technique doing what it claims.
+
+Small models (ResNet-18 at width 1/8) on a fixture archive, CPU. A finding that shapes these tests:
+in fp32, training a BatchNorm ResNet has a rounding noise floor. A ReLU input within rounding of zero
+switches sides, and within ~10 SGD steps the loss gap reaches ~1e-3, even between torch and torch
+with only the memory layout changed (channels_last). So exact-equality claims are proven in the fp64
+verification mode (agreement ~1e-10 over 20 steps), and fp32 claims are checked where fp32 can keep them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from jax_impl.train import fit as jax_fit
+from torch_impl.train import export_initial_weights, fit as torch_fit
+
+FITS = {"torch": torch_fit, "jax": lambda config: jax_fit(config.replace(compile="compiled"))}
+"""Each framework's fast CPU path: torch eager (torch.compile costs ~20 s a run here) and JAX jit (op by op
+is ~50x slower); eager-vs-compiled equality has its own test below."""
+
+
+@pytest.fixture(scope="module")
+def base(cifar100_archive: Path, tmp_path_factory) -> RunConfig:
+    config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=32, steps=20, epochs=None, lr=0.05,
+                       warmup_steps=3, eval_batches=2, timing_warmup=1)
+    weights = tmp_path_factory.mktemp("weights") / "init.npz"
+    export_initial_weights(config, 100, str(weights))
+    return config.replace(init_weights=str(weights))
+
+
+FITS_BY_MODE = {"torch": torch_fit, "jax": jax_fit}  # honours config.compile
+
+
+def _relative_gaps(a, b) -> np.ndarray:
+    a, b = np.asarray(a), np.asarray(b)
+    return np.abs(a - b) / np.abs(b)
+
+
+def test_paired_trajectory_fp64_same_steps_same_accuracy(base):
+    config = base.replace(precision="fp64")
+    t, j = FITS["torch"](config), FITS["jax"](config)
+    assert t["status"] == j["status"] == "ok" and len(t["losses"]) == len(j["losses"]) == 20
+    assert _relative_gaps(j["losses"], t["losses"]).max() < 1e-8
+    assert t["eval"]["accuracy"] == j["eval"]["accuracy"]
+    assert abs(t["eval"]["loss"] - j["eval"]["loss"]) < 1e-8
+    assert t["final_lr"] == pytest.approx(j["final_lr"], abs=1e-9)
+
+
+def test_paired_trajectory_fp32_agrees_before_the_noise_floor(base):
+    """fp32: the first steps agree within the issue's 1e-4 (here the drift starts at step 3); later
+    steps drift no further apart than torch drifts from itself under a layout change (the noise floor)."""
+    t, j = FITS["torch"](base), FITS["jax"](base)
+    assert _relative_gaps(j["losses"][:3], t["losses"][:3]).max() < 1e-4
+    layout = FITS["torch"](base.replace(channels_last=True))
+    floor = _relative_gaps(layout["losses"], t["losses"]).max()
+    assert _relative_gaps(j["losses"], t["losses"]).max() < max(10 * floor, 1e-4)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_accumulating_4_micro_batches_of_8_equals_one_batch_of_32(base, framework):
+    """GroupNorm, so micro-batches normalise alone exactly as in the big batch; fp64 for exactness."""
+    config = base.replace(norm="group", precision="fp64", steps=4, init_weights=None, eval_batches=None)
+    big = FITS[framework](config.replace(batch_size=32))
+    accumulated = FITS[framework](config.replace(batch_size=8, grad_accum_steps=4))
+    assert _relative_gaps(accumulated["losses"], big["losses"]).max() < 1e-6
+    assert accumulated["eval"]["loss"] == pytest.approx(big["eval"]["loss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_accumulation_with_batchnorm_differs_from_the_big_batch(base, framework):
+    """With BatchNorm each micro-batch is normalised by its own statistics: not the big batch's step."""
+    config = base.replace(precision="fp64", steps=3, init_weights=None)
+    big = FITS[framework](config.replace(batch_size=32))
+    accumulated = FITS[framework](config.replace(batch_size=8, grad_accum_steps=4))
+    assert _relative_gaps(accumulated["losses"], big["losses"]).max() > 1e-4
+
+
+def test_linear_lr_scaling_rule(base):
+    config = base.replace(grad_accum_steps=4, lr_scale_accum=True)
+    assert config.effective_lr == pytest.approx(4 * base.lr)
+    assert base.replace(grad_accum_steps=4).effective_lr == base.lr
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_checkpointing_keeps_loss_and_lowers_saved_memory(base, framework):
+    config = base.replace(steps=3)
+    plain = FITS[framework](config)
+    remat = FITS[framework](config.replace(grad_checkpointing="all"))
+    assert _relative_gaps(remat["losses"], plain["losses"]).max() < 1e-6
+    # running statistics are not updated twice by the recomputation: evaluation is unchanged
+    assert remat["eval"]["loss"] == pytest.approx(plain["eval"]["loss"], rel=1e-6)
+    # torch: bytes its saved-tensor hooks see; JAX: bytes of its residuals (XLA:CPU's compiled temp size
+    # does not shrink with remat here, so it cannot show the saving on this machine)
+    assert remat["memory"]["saved_for_backward_bytes"] < 0.5 * plain["memory"]["saved_for_backward_bytes"]
+
+
+def test_checkpointing_gradients_unchanged_torch(base):
+    import torch
+
+    from torch_impl.train import make_model
+
+    config = base.replace(grad_checkpointing="all")
+    x = torch.randn(8, 3, 32, 32)
+    grads = []
+    for stages in ((), (1, 2, 3, 4)):
+        model = make_model(config, config.arch(100), torch.device("cpu"))
+        model.checkpoint_stages = frozenset(stages)
+        model(x).logsumexp(1).mean().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-6, atol=1e-7)
+
+
+def test_checkpointing_gradients_unchanged_jax(base):
+    import jax
+    import jax.numpy as jnp
+
+    from jax_impl.models import init_variables, make_model
+
+    arch = base.arch(100)
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 32, 32, 3)), jnp.float32)
+    variables = init_variables(make_model(arch), jax.random.key(0))
+    grads = []
+    for stages in ((), (1, 2, 3, 4)):
+        model = make_model(arch, checkpoint_stages=stages)
+
+        def loss(params, model=model):
+            out, _ = model.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
+            return jax.nn.logsumexp(out, axis=1).mean()
+
+        grads.append(jax.jit(jax.grad(loss))(variables["params"]))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads[1], grads[0])
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_compiled_equals_eager_and_a_short_last_batch_recompiles_once(base, framework):
+    """600 samples in batches of 128: four full batches and a short one of 88, which changes the shape."""
+    config = base.replace(batch_size=128, steps=5, init_weights=None)
+    eager = FITS_BY_MODE[framework](config)
+    compiled = FITS_BY_MODE[framework](config.replace(compile="compiled"))
+    assert _relative_gaps(compiled["losses"][:3], eager["losses"][:3]).max() < 1e-5
+    assert compiled["recompiles"] == 1 and eager["recompiles"] == 0
+    dropped = FITS_BY_MODE[framework](config.replace(compile="compiled", drop_last=True))
+    assert dropped["recompiles"] == 0 and dropped["steps_done"] == 5
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_follows_fp32(base, framework, precision):
+    """Stated tolerance: over 20 steps every loss within 5% of the fp32 run's (bf16 keeps ~3 significant
+    digits; the fp32 noise floor alone reaches ~1e-2 here)."""
+    reference = FITS[framework](base)
+    mixed = FITS[framework](base.replace(precision=precision))
+    assert mixed["status"] == "ok"
+    assert _relative_gaps(mixed["losses"], reference["losses"]).max() < 0.05
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_fp16_loss_scaler_skips_an_injected_inf_and_recovers(base, framework):
+    config = base.replace(precision="fp16", steps=8, inject_inf_at_step=2, loss_scale_init=1024.0,
+                          loss_scale_growth_interval=3)
+    result = FITS[framework](config)
+    scales = result["loss_scales"]  # the scale after each step
+    assert result["status"] == "ok" and all(np.isfinite(result["losses"]))
+    assert scales[:2] == [1024.0, 1024.0]
+    assert scales[2] == 512.0  # halved, step skipped
+    assert scales[5] == 1024.0  # three good steps later it grows again
+    # the skipped step left the schedule where it was: 8 steps, 7 of them real updates
+    steps_taken = RunConfig.from_dict({**config.to_dict(), "inject_inf_at_step": None, "precision": "fp32"})
+    from common.config import learning_rate
+
+    total = 8
+    assert result["final_lr"] == pytest.approx(float(learning_rate(7, steps_taken, total, np)), rel=1e-6)
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_diverging_run_is_recorded_as_diverged(base, framework):
+    result = FITS[framework](base.replace(lr=1e6, warmup_steps=0, steps=10, init_weights=None))
+    assert result["status"] == "diverged"
+    last, first = result["losses"][-1], result["losses"][0]
+    assert (not np.isfinite(last) or last > 100 * first) and len(result["losses"]) < 10  # stopped at once
+    assert "eval" not in result
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_resume_after_a_killed_process_continues_the_same_curve(base, framework, tmp_path):
+    from experiments.paired import run_framework
+
+    config = base.replace(steps=10, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=4)
+    full = run_framework(framework, config.replace(checkpoint_dir=str(tmp_path / "full")))
+    killed = run_framework(framework, config.replace(fail_after_step=6))
+    assert killed["status"] == "failed" and "exit code 9" in killed["error"]
+    resumed = run_framework(framework, config.replace(resume=True))
+    assert resumed["status"] == "ok" and resumed["start_step"] == 4
+    assert _relative_gaps(resumed["losses"], full["losses"][4:]).max() < 1e-6
+    assert resumed["eval"]["accuracy"] == full["eval"]["accuracy"]

@@ -1,0 +1,76 @@
+"""The single-device technique switches on the torch side; jax_impl/techniques.py mirrors them."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from common.config import RunConfig
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_flags(config: RunConfig, device: torch.device) -> list[str]:
+    """Sets matmul precision and cuDNN flags process-wide; returns notes on what has no effect here.
+
+    ``highest`` also switches off cuDNN's TF32 convolutions (on by default in torch), so fp32 means fp32
+    on both frameworks until the flags rung."""
+    torch.set_float32_matmul_precision(config.matmul_precision)
+    torch.backends.cuda.matmul.allow_tf32 = config.matmul_precision != "highest"
+    torch.backends.cudnn.allow_tf32 = config.matmul_precision != "highest"
+    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    notes = []
+    if device.type != "cuda":
+        if config.cudnn_benchmark:
+            notes.append("cudnn_benchmark: no effect here (no CUDA device)")
+        if config.matmul_precision != "highest":
+            notes.append(f"matmul_precision={config.matmul_precision}: no TF32 here (no CUDA device)")
+        if config.pin_mem:
+            notes.append("pin_mem: no effect here (no CUDA device)")
+        if config.channels_last:
+            notes.append("channels_last on CPU: layout changes, no tensor cores to feed")
+    return notes
+
+
+def param_dtype(config: RunConfig) -> torch.dtype:
+    return torch.float64 if config.precision == "fp64" else torch.float32
+
+
+def autocast(config: RunConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    """torch autocast for bf16/fp16; the loss is computed on fp32 logits outside the cast ops."""
+    if config.precision in ("fp32", "fp64"):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AMP_DTYPES[config.precision])
+
+
+def make_grad_scaler(config: RunConfig, device: torch.device) -> torch.amp.GradScaler:
+    """GradScaler belongs to fp16 only (bf16 has fp32's exponent range): disabled otherwise."""
+    return torch.amp.GradScaler(device.type, init_scale=config.loss_scale_init,
+                                growth_interval=config.loss_scale_growth_interval,
+                                enabled=config.precision == "fp16")
+
+
+@contextlib.contextmanager
+def count_saved_bytes() -> Iterator[list[int]]:
+    """Bytes autograd saves for the backward pass while the block runs (what checkpointing reduces)."""
+    total = [0]
+    seen: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
+        if key not in seen:  # several ops may save views of one storage
+            seen.add(key)
+            total[0] += tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield total
+
+
+def compile_counter() -> int:
+    """Graphs torch.compile has compiled in this process (a recompilation adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
