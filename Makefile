@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/twinrun loader-bench
+	$(VENV)/bin/twinrun ladder
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest

@@ -40,10 +40,17 @@ def _init_weights(payload: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok", "path": payload["path"]}
 
 
+def _matmul_rate(payload: dict[str, Any]) -> dict[str, Any]:
+    from experiments.report import measure_matmul_rate
+
+    return measure_matmul_rate()
+
+
 TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "loader-bench": _loader_bench,
     "train": _train,
     "init-weights": _init_weights,
+    "matmul-rate": _matmul_rate,
 }
 
 
