@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,3 +59,23 @@ class StepTimer:
                 "images_per_s": sum(images) / sum(totals),
             })
         return out
+
+
+def time_batches(batches: Iterable[Any], wait: Callable[[Any], Any], max_batches: int) -> tuple[float, list[float]]:
+    """(seconds to the first batch, seconds for each later batch), each stopped only once ``wait`` has
+    returned for that batch (its device transfer is done)."""
+    clock = time.perf_counter
+    start = clock()
+    first: float | None = None
+    times: list[float] = []
+    for number, batch in enumerate(batches):
+        wait(batch)
+        now = clock()
+        if first is None:
+            first = now - start
+        else:
+            times.append(now - start)
+        start = now
+        if number + 1 >= max_batches:
+            break
+    return float(first or 0.0), times

@@ -7,7 +7,6 @@ batches already transferred to the device: JAX's analogue of pinned memory + pre
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from absl import flags
 
 from common.data import BatchMaker, Source, make_sampler
 from common.data.loader_options import LoaderOptions
+from common.timing import time_batches
 
 
 # grain reads absl flags in its workers; a library user never calls absl.app.run, so mark them parsed.
@@ -85,18 +85,4 @@ def make_loader(source: Source, options: LoaderOptions, train: bool = True) -> J
 
 def time_loader(loader: JaxLoader, epoch: int, max_batches: int) -> tuple[float, list[float]]:
     """(seconds to the first batch on the device, seconds for each later batch on the device)."""
-    clock = time.perf_counter
-    start = clock()
-    times: list[float] = []
-    first = None
-    for number, batch in enumerate(loader.epoch(epoch)):
-        jax.block_until_ready(batch)
-        now = clock()
-        if first is None:
-            first = now - start
-        else:
-            times.append(now - start)
-        start = now
-        if number + 1 >= max_batches:
-            break
-    return float(first or 0.0), times
+    return time_batches(loader.epoch(epoch), jax.block_until_ready, max_batches)

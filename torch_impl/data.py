@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import sys
-import time
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from common.data import BatchMaker, EpochSampler, Source, make_sampler
 from common.data.loader_options import LoaderOptions
+from common.timing import time_batches
 
 BatchKey = tuple[int, np.ndarray]
 
@@ -105,19 +105,10 @@ def time_loader(loader: TorchLoader, epoch: int, max_batches: int) -> tuple[floa
     """(seconds to the first batch on the device, seconds for each later batch on the device)."""
     device = default_device()
     non_blocking = loader.options.pin_memory and device.type == "cuda"
-    clock = time.perf_counter
-    start = clock()
-    times: list[float] = []
-    first = None
-    for number, (images, labels) in enumerate(loader.epoch(epoch)):
-        images, labels = images.to(device, non_blocking=non_blocking), labels.to(device, non_blocking=non_blocking)
+
+    def deliver(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        for tensor in batch:
+            tensor.to(device, non_blocking=non_blocking)
         synchronize(device)
-        now = clock()
-        if first is None:
-            first = now - start
-        else:
-            times.append(now - start)
-        start = now
-        if number + 1 >= max_batches:
-            break
-    return float(first or 0.0), times
+
+    return time_batches(loader.epoch(epoch), deliver, max_batches)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from common.arch import ResNetArch
 from common.config import RunConfig, learning_rate, loader_options, open_sources
+from common.data.batches import grouped
 from common.metrics import is_diverged
 from common.timing import StepTimer
 from common.weights import load_torch_keyed
@@ -111,13 +112,8 @@ def _to_device(config: RunConfig, images: torch.Tensor, labels: torch.Tensor, de
 
 
 def _micro_batches(loader, config: RunConfig, epoch: int, start_step: int) -> Iterator[list]:
-    """Groups of k consecutive loader batches; a short group at the end of an epoch is dropped."""
-    group: list = []
-    for batch in loader.epoch(epoch, start_batch=start_step * config.grad_accum_steps):
-        group.append(batch)
-        if len(group) == config.grad_accum_steps:
-            yield group
-            group = []
+    """The epoch's steps from ``start_step`` on, each a list of k micro-batches."""
+    return grouped(loader.epoch(epoch, start_batch=start_step * config.grad_accum_steps), config.grad_accum_steps)
 
 
 def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch.Tensor, device) -> int:

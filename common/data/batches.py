@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -42,3 +44,17 @@ def make_sampler(source: Source, batch_size: int, seed: int, train: bool, drop_l
     """Training shuffles by (seed, epoch); evaluation walks the split in order."""
     return EpochSampler(len(source), batch_size, seed=seed, shuffle=train, drop_last=drop_last,
                         rank=rank, world_size=world_size)
+
+
+T = TypeVar("T")
+
+
+def grouped(batches: Iterable[T], k: int) -> Iterator[list[T]]:
+    """Groups of k consecutive batches (the micro-batches of one accumulated step); a short group at the
+    end is dropped, so every optimizer step sees k micro-batches."""
+    group: list[T] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == k:
+            yield group
+            group = []
