@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
