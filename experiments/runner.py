@@ -4,6 +4,7 @@ out-of-memory marks only that job failed."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,8 +19,11 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
     with tempfile.TemporaryDirectory(prefix="twinrun-") as folder:
         out = Path(folder) / "result.json"
         command = [sys.executable, "-m", "experiments.worker", task, json.dumps(payload), str(out)]
+        # A compile cache of its own: inductor's on-disk cache would otherwise turn a later run's
+        # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation.
+        run_env = {**(env if env is not None else os.environ), "TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor")}
         try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=run_env)
         except subprocess.TimeoutExpired:
             return {"status": "failed", "error": f"timed out after {timeout_s} s"}
         if out.exists():
