@@ -114,35 +114,36 @@ class ModelOptions(nn.Module):
                        use_bias=False, kernel_init=conv_init, dtype=self.dtype, param_dtype=jnp.float32, name=name)
 
 
-class BasicBlock(ModelOptions):
+class _Block(ModelOptions):
+    """Fields and shortcut shared by both block kinds (torch_impl's ``_downsample``)."""
+
     spec: BlockSpec = None  # type: ignore[assignment]
     zero_init_residual: bool = False
 
+    def shortcut(self, x: jax.Array) -> jax.Array:
+        s = self.spec
+        if not s.has_downsample:
+            return x
+        return self.make_norm("downsample_bn")(self.make_conv(s.out_channels, 1, s.stride, "downsample_conv")(x))
+
+
+class BasicBlock(_Block):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         s = self.spec
-        identity = x
-        if s.has_downsample:
-            identity = self.make_conv(s.out_channels, 1, s.stride, "downsample_conv")(x)
-            identity = self.make_norm("downsample_bn")(identity)
+        identity = self.shortcut(x)
         out = nn.relu(self.make_norm("bn1")(self.make_conv(s.planes, 3, s.stride, "conv1")(x)))
         out = self.make_norm("bn2", self.zero_init_residual)(self.make_conv(s.out_channels, 3, 1, "conv2")(out))
         return nn.relu(out + identity)
 
 
-class Bottleneck(ModelOptions):
+class Bottleneck(_Block):
     """torchvision's ResNet v1.5: the stride sits on the 3x3 convolution."""
-
-    spec: BlockSpec = None  # type: ignore[assignment]
-    zero_init_residual: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         s = self.spec
-        identity = x
-        if s.has_downsample:
-            identity = self.make_conv(s.out_channels, 1, s.stride, "downsample_conv")(x)
-            identity = self.make_norm("downsample_bn")(identity)
+        identity = self.shortcut(x)
         out = nn.relu(self.make_norm("bn1")(self.make_conv(s.planes, 1, 1, "conv1")(x)))
         out = nn.relu(self.make_norm("bn2")(self.make_conv(s.planes, 3, s.stride, "conv2")(out)))
         out = self.make_norm("bn3", self.zero_init_residual)(self.make_conv(s.out_channels, 1, 1, "conv3")(out))
