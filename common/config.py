@@ -78,10 +78,15 @@ class RunConfig:
     persistent_workers: bool = False
     device_prefetch: int = 0
     drop_last: bool = False
+    read_latency_ms: float = 0.0  # simulated slow storage: ms of waiting per training batch read
     # checkpoints
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    # profiler: the last ``profile_steps`` steps run under torch.profiler / jax.profiler (kept out of the
+    # timing statistics, since tracing slows them) and write a trace under ``profile_dir``
+    profile_steps: int = 0
+    profile_dir: str | None = None
     # initial weights (torch-keyed .npz) shared by both frameworks for paired runs
     init_weights: str | None = None
     # test hooks: exit abruptly after this optimizer step (simulates a killed process); inject an inf
@@ -102,7 +107,7 @@ class RunConfig:
         for name in ("batch_size", "grad_accum_steps", "image_size", "synthetic_size", "prefetch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("workers", "device_prefetch", "warmup_steps", "eval_every", "timing_warmup", "checkpoint_every"):
+        for name in ("workers", "device_prefetch", "read_latency_ms", "warmup_steps", "eval_every", "timing_warmup", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if (self.steps is None) == (self.epochs is None):
@@ -122,6 +127,10 @@ class RunConfig:
         if self.precision == "fp16" and self.grad_accum_steps > 1:
             raise ConfigError("fp16 with grad_accum_steps > 1 is not supported: skipping an overflowed step would have "
                               "to discard a whole accumulation window in optax.MultiSteps; use bf16 or k = 1")
+        if self.profile_steps < 0 or (self.profile_steps and not self.profile_dir):
+            raise ConfigError("profile_steps must be 0 or more, and needs profile_dir")
+        if self.steps is not None and self.profile_steps >= self.steps:
+            raise ConfigError(f"profile_steps ({self.profile_steps}) must leave untraced steps of the {self.steps}")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs checkpoint_dir")
         if self.checkpoint_every and not self.checkpoint_dir:
@@ -276,4 +285,5 @@ def loader_options(config: RunConfig, train: bool, rank: int = 0, world_size: in
     return LoaderOptions(batch_size=config.batch_size, workers=config.workers if train else 0, prefetch=config.prefetch,
                          pin_memory=config.pin_mem, persistent_workers=config.persistent_workers,
                          device_prefetch=config.device_prefetch, drop_last=config.drop_last and train,
-                         seed=config.seed, rank=rank, world_size=world_size)
+                         seed=config.seed, rank=rank, world_size=world_size,
+                         read_latency_ms=config.read_latency_ms if train else 0.0)

@@ -15,11 +15,9 @@ import jax
 import numpy as np
 from absl import flags
 
-
 from common.data import BatchMaker, Source, make_sampler
 from common.data.loader_options import LoaderOptions
 from common.timing import time_batches
-
 
 # grain reads absl flags in its workers; a library user never calls absl.app.run, so mark them parsed.
 if not flags.FLAGS.is_parsed():
@@ -55,7 +53,7 @@ class JaxLoader:
         self.options = options
         self.sampler = make_sampler(source, options.batch_size, options.seed, train, options.drop_last,
                                     options.rank, options.world_size)
-        self.maker = BatchMaker(source, train=train, seed=options.seed)
+        self.maker = BatchMaker(source, train=train, seed=options.seed, read_latency_ms=options.read_latency_ms)
 
     def __len__(self) -> int:
         return len(self.sampler)

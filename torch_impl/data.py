@@ -6,9 +6,8 @@ grain pipeline on the JAX side, and the DataLoader knobs are passed straight thr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -69,7 +68,7 @@ class TorchLoader:
                 # measured runs are one framework per process and keep torch's default fork).
                 extra["multiprocessing_context"] = "spawn"
         self.loader = DataLoader(
-            BatchDataset(BatchMaker(source, train=train, seed=options.seed)),
+            BatchDataset(BatchMaker(source, train=train, seed=options.seed, read_latency_ms=options.read_latency_ms)),
             batch_size=None,  # the dataset already returns whole batches
             sampler=self.batch_sampler,
             num_workers=options.workers,

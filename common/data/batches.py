@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -20,6 +21,7 @@ class BatchMaker:
     source: Source
     train: bool
     seed: int = 0
+    read_latency_ms: float = 0.0  # simulated storage latency per batch: what loader workers exist to hide
     mean: np.ndarray = field(init=False)
     std: np.ndarray = field(init=False)
 
@@ -33,6 +35,8 @@ class BatchMaker:
         return eval_transform(image, self.mean, self.std), label
 
     def __call__(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.read_latency_ms:
+            time.sleep(self.read_latency_ms / 1e3)
         samples = [self.sample(epoch, int(i)) for i in indices]
         images = np.stack([s[0] for s in samples])
         labels = np.asarray([s[1] for s in samples], np.int32)

@@ -23,6 +23,7 @@ class LoaderOptions:
     seed: int = 0
     rank: int = 0
     world_size: int = 1
+    read_latency_ms: float = 0.0  # simulated slow storage (network filesystem): a wait per batch read
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:
@@ -31,6 +32,8 @@ class LoaderOptions:
             raise DataError(f"worker count must be 0 (load in the main process) or more, got {self.workers}")
         if self.prefetch <= 0:
             raise DataError(f"prefetch must be at least 1 batch per worker, got {self.prefetch}")
+        if self.read_latency_ms < 0:
+            raise DataError(f"read latency must be 0 or more ms, got {self.read_latency_ms}")
         if self.device_prefetch < 0:
             raise DataError(f"device prefetch must be 0 or more batches, got {self.device_prefetch}")
 
