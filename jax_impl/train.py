@@ -24,7 +24,14 @@ from jax_impl import checkpoint as ckpt
 from jax_impl.data import make_loader
 from jax_impl.models import ResNet, init_variables
 from jax_impl.models import make_model as build_resnet
-from jax_impl.techniques import LossScale, all_finite, apply_flags, compute_dtype, param_dtype
+from jax_impl.profiling import StepProfiler
+from jax_impl.techniques import (
+    LossScale,
+    all_finite,
+    apply_flags,
+    compute_dtype,
+    param_dtype,
+)
 
 
 class TrainState(NamedTuple):
@@ -40,9 +47,13 @@ StepFn = Callable[[TrainState, jax.Array, jax.Array, jax.Array], tuple[TrainStat
 def make_model(config: RunConfig, arch: ResNetArch) -> tuple[ResNet, dict[str, Any]]:
     model = build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.checkpoint_stages,
                          checkpoint_policy=config.checkpoint_policy)
-    variables = init_variables(model, jax.random.key(config.seed), config.image_size)
-    if config.init_weights:  # the same initial weights as the torch run (torch-keyed .npz)
-        variables = torch_to_flax(load_torch_keyed(config.init_weights), variables)
+    def init() -> dict[str, Any]:
+        return init_variables(model, jax.random.key(config.seed), config.image_size)
+
+    if config.init_weights:  # the same initial weights as the torch run (torch-keyed .npz): shapes suffice
+        variables = torch_to_flax(load_torch_keyed(config.init_weights), jax.eval_shape(init))
+    else:  # jitted: run op by op, Flax's init compiles every primitive on its own (9.5 s for a small ResNet)
+        variables = jax.jit(init)()
     variables = jax.tree.map(lambda a: jnp.asarray(a, param_dtype(config)), dict(variables))
     return model, variables
 
@@ -137,7 +148,9 @@ def measure_saved_bytes(config: RunConfig, model: ResNet, state: TrainState, ima
     """Bytes of the residuals JAX keeps for the backward pass of one micro-batch (the mirror of torch's
     saved-tensor hooks). Where XLA's compiled temp size hides remat's saving (XLA:CPU, seen here), this
     still shows what jax.checkpoint removed."""
-    from jax._src.ad_checkpoint import saved_residuals  # public only as print_saved_residuals
+    from jax._src.ad_checkpoint import (
+        saved_residuals,  # public only as print_saved_residuals
+    )
 
     def loss(params):
         logits, _ = model.apply({"params": params, "batch_stats": state.batch_stats}, images, train=True,
@@ -148,11 +161,10 @@ def measure_saved_bytes(config: RunConfig, model: ResNet, state: TrainState, ima
     return int(sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in saved_residuals(loss, state.params)))
 
 
-def measure_xla_memory(config: RunConfig, model: ResNet, tx, num_classes: int, state: TrainState, images, labels) -> dict[str, int]:
+def measure_xla_memory(step_fn: StepFn, state: TrainState, images: jax.Array, labels: jax.Array) -> dict[str, int]:
     """XLA's compiled memory analysis of the jitted step: temp (activations kept for backward, workspace)
-    and argument bytes. Compiled separately, after timing, so it costs no timed step."""
-    step = jax.jit(make_train_step(config.replace(compile="eager"), model, tx, num_classes))
-    analysis = step.lower(state, images, labels, jnp.asarray(False)).compile().memory_analysis()
+    and argument bytes. The timed step's own executable, from jit's cache: no second compilation."""
+    analysis = step_fn.lower(state, images, labels, jnp.asarray(False)).compile().memory_analysis()  # type: ignore[attr-defined]
     if analysis is None:
         return {}
     return {"xla_temp_bytes": int(analysis.temp_size_in_bytes), "xla_argument_bytes": int(analysis.argument_size_in_bytes),
@@ -196,10 +208,14 @@ def _fit(config: RunConfig) -> dict[str, Any]:
     updates_applied = start  # optimizer updates (an fp16 step skipped on overflow is none), as torch's scheduler counts
     first_batch = None
     clock = time.perf_counter
+    profiler: StepProfiler | None = None
     while step < total_steps and status == "ok":
         epoch, offset = divmod(step, steps_per_epoch)
         batches = _micro_batches(train_loader, config, epoch, offset)
         while step < total_steps:
+            if config.profile_steps and profiler is None and step >= total_steps - config.profile_steps:
+                profiler = StepProfiler(config.profile_dir)  # type: ignore[arg-type]
+                profiler.start()
             t0 = clock()
             group = next(batches, None)
             if group is None:
@@ -214,7 +230,10 @@ def _fit(config: RunConfig) -> dict[str, Any]:
                     total += loss
             value = float(jax.block_until_ready(total)) / len(group)
             t2 = clock()
-            timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group))
+            if profiler is None:
+                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group))
+            else:  # traced steps are slower: kept out of the steady-state statistics
+                profiler.step()
             if first_batch is None:
                 first_batch = group[0]
             losses.append(value)
@@ -233,6 +252,7 @@ def _fit(config: RunConfig) -> dict[str, Any]:
             if config.eval_every and step % config.eval_every == 0 and step < total_steps:
                 evals.append({"step": step, **evaluate(config, model, state, eval_loader)})
 
+    profile = profiler.stop() if profiler is not None else None
     compiled_shapes = step_fn._cache_size() if config.compile == "compiled" else 0  # type: ignore[attr-defined]
     result: dict[str, Any] = {"framework": "jax", "status": status, "steps_done": step, "start_step": start,
                               "losses": losses, "loss_scales": loss_scales, "timing": timer.summary(),
@@ -247,10 +267,13 @@ def _fit(config: RunConfig) -> dict[str, Any]:
     memory: dict[str, Any] = {}
     if first_batch is not None and status == "ok":
         memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, state, *first_batch)
-        memory.update(measure_xla_memory(config, model, tx, arch.num_classes, state, *first_batch))
+        if config.compile == "compiled":  # op by op there is no whole-step program to analyse
+            memory.update(measure_xla_memory(step_fn, state, *first_batch))
         stats = jax.devices()[0].memory_stats() or {}
         if "peak_bytes_in_use" in stats:
             memory["peak_allocated_bytes"] = int(stats["peak_bytes_in_use"])
     result["memory"] = memory
     result["synthetic_data"] = train_source.synthetic
+    if profile is not None:
+        result["profile"] = profile
     return result

@@ -22,7 +22,15 @@ from torch_impl import checkpoint as ckpt
 from torch_impl.data import default_device, make_loader, synchronize
 from torch_impl.models import ResNet
 from torch_impl.models import make_model as build_resnet
-from torch_impl.techniques import apply_flags, autocast, compile_counter, count_saved_bytes, make_grad_scaler, param_dtype
+from torch_impl.profiling import StepProfiler
+from torch_impl.techniques import (
+    apply_flags,
+    autocast,
+    compile_counter,
+    count_saved_bytes,
+    make_grad_scaler,
+    param_dtype,
+)
 
 StepFn = Callable[[list[tuple[torch.Tensor, torch.Tensor]], bool], torch.Tensor]
 
@@ -165,10 +173,14 @@ def fit(config: RunConfig) -> dict[str, Any]:
     status, step = "ok", start
     first_images = None
     clock = time.perf_counter
+    profiler: StepProfiler | None = None
     while step < total_steps and status == "ok":
         epoch, offset = divmod(step, steps_per_epoch)
         batches = _micro_batches(train_loader, config, epoch, offset)
         while step < total_steps:
+            if config.profile_steps and profiler is None and step >= total_steps - config.profile_steps:
+                profiler = StepProfiler(config.profile_dir, device)  # type: ignore[arg-type]
+                profiler.start()
             t0 = clock()
             group = next(batches, None)
             if group is None:
@@ -180,7 +192,10 @@ def fit(config: RunConfig) -> dict[str, Any]:
             value = float(loss)  # a host read: waits for the step's device work
             synchronize(device)
             t2 = clock()
-            timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group))
+            if profiler is None:
+                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group))
+            else:  # traced steps are slower: kept out of the steady-state statistics
+                profiler.step()
             if first_images is None:
                 first_images = group[0][0]
             losses.append(value)
@@ -198,6 +213,7 @@ def fit(config: RunConfig) -> dict[str, Any]:
             if config.eval_every and step % config.eval_every == 0 and step < total_steps:
                 evals.append({"step": step, **evaluate(config, model, eval_loader, device)})
 
+    profile = profiler.stop() if profiler is not None else None
     result: dict[str, Any] = {"framework": "torch", "status": status, "steps_done": step, "start_step": start,
                               "losses": losses, "loss_scales": loss_scales, "timing": timer.summary(),
                               "recompiles": max(compile_counter() - compiles_before - 1, 0) if config.compile == "compiled" else 0,
@@ -216,6 +232,8 @@ def fit(config: RunConfig) -> dict[str, Any]:
         memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, first_images, device)
     result["memory"] = memory
     result["synthetic_data"] = train_source.synthetic
+    if profile is not None:
+        result["profile"] = profile
     return result
 
 
