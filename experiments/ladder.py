@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from common.config import RunConfig
-from common.results import ResultStore
-from common.versions import host_info
-from experiments.paired import FRAMEWORKS, paired_config, run_framework
+from experiments.plan import (
+    PlannedRun,
+    add_plan_arguments,
+    console_for_output,
+    execute,
+    prepare,
+)
 
 
 @dataclass(frozen=True)
@@ -79,67 +81,33 @@ def _cuda_available() -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
-    parser.add_argument("--framework", choices=("torch", "jax", "both"), default="both")
-    parser.add_argument("--data", default=None, help="CIFAR archive/folder; default: a generated CIFAR-100-format archive")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=3)
+    add_plan_arguments(parser, "ladder-<preset>")
     parser.add_argument("--workers", type=int, default=None, help="the loader rung's worker count (default: CPU count, at most 8)")
-    parser.add_argument("--name", default=None, help="results folder name (default: ladder-<preset>)")
-    parser.add_argument("--results", default="results")
-    parser.add_argument("--fresh", action="store_true", help="forget earlier rows and start over")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one run")
     # test hook: make one run die, to show that the ladder records it failed and goes on
     parser.add_argument("--inject-failure", default=None, help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from experiments.defaults import default_archive
     from experiments.report import write_report
 
-    if args.repeats < 1:
-        raise SystemExit("twinrun ladder: error: --repeats must be at least 1")
-    preset = dict(PRESETS[args.preset])
-    if args.steps is not None:
-        preset["steps"] = args.steps
-    data = args.data or str(default_archive("cifar100"))
-    base = RunConfig(data=data, **preset)
-    out = Path(args.results) / (args.name or f"ladder-{args.preset}")
-    store = ResultStore(out / "runs.jsonl")
-    if args.fresh:
-        store.clear()
-    base = paired_config(base, out / "weights")  # same initial weights for every rung and framework
+    prepared = prepare(args, f"ladder-{args.preset}")
+    base, out, store, frameworks = prepared.base, prepared.out, prepared.store, prepared.frameworks
     cuda = _cuda_available()
     workers = args.workers if args.workers is not None else min(os.cpu_count() or 2, 8)
-    frameworks = FRAMEWORKS if args.framework == "both" else (args.framework,)
-    finished = store.finished_keys()
-    plan = [(rung, fw, r) for r in range(args.repeats) for rung in RUNGS for fw in frameworks]
-    console = Console(width=None if Console().is_terminal else 180)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("ladder", total=len(plan))
-        for rung, framework, repeat in plan:
-            key = f"ladder/{rung.name}/{framework}/r{repeat}"
-            if key in finished:
-                progress.advance(task)
-                continue
-            config = rung_config(rung, base, framework, cuda, workers)
-            if args.inject_failure == f"{rung.name}:{framework}":
-                config = config.replace(fail_after_step=1)
-            progress.update(task, description=f"{rung.name:>8} {framework:<5} repeat {repeat + 1}/{args.repeats}")
-            started = time.time()
-            result = run_framework(framework, config, args.timeout)
-            row = {"key": key, "command": "ladder", "rung": rung.name, "rung_index": RUNGS.index(rung),
-                   "framework": framework, "repeat": repeat, "preset": args.preset, "config": config.to_dict(),
-                   "host": host_info(), "wall_s": time.time() - started,
-                   **{k: v for k, v in result.items() if k != "traceback"}}
-            store.add(row)
-            if row["status"] != "ok":
-                progress.console.print(f"[red]{key} {row['status']}[/]: {str(row.get('error', ''))[:300]}")
-            progress.advance(task)
+    plan = []
+    for repeat in range(args.repeats):
+        for index, rung in enumerate(RUNGS):
+            for framework in frameworks:
+                config = rung_config(rung, base, framework, cuda, workers)
+                if args.inject_failure == f"{rung.name}:{framework}":
+                    config = config.replace(fail_after_step=1)
+                plan.append(PlannedRun(
+                    key=f"ladder/{rung.name}/{framework}/r{repeat}", framework=framework, config=config,
+                    label=f"{rung.name:>8} {framework:<5} repeat {repeat + 1}/{args.repeats}",
+                    fields={"command": "ladder", "rung": rung.name, "rung_index": index, "repeat": repeat,
+                            "preset": args.preset}))
+    console = console_for_output()
+    execute(plan, store, "ladder", args.timeout, console)
     report = write_report(out, console=console)
     console.print(f"rows: {store.path}\nreport: {report}")
     return 0

@@ -47,7 +47,8 @@ def _paired_forward_backward(arch: ResNetArch, batch_size: int, image_size: int,
     import optax
     import torch
 
-    from jax_impl.models import init_variables, make_model as make_flax
+    from jax_impl.models import init_variables
+    from jax_impl.models import make_model as make_flax
     from torch_impl.models import make_model as make_torch
 
     torch.manual_seed(seed)

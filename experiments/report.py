@@ -16,13 +16,14 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def ladder_cells(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """(rung, framework) -> aggregated over repeats: median of the per-run medians, and their spread."""
+def aggregate(rows: list[dict[str, Any]], command: str, group_field: str, order_field: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """(group, framework) -> aggregated over repeats: median of the per-run medians, and their spread.
+    The group is the rung of a ladder or the value of a sweep."""
     cells: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
-        if row.get("command") != "ladder":
+        if row.get("command") != command:
             continue
-        cell = cells.setdefault((row["rung"], row["framework"]), {"rung_index": row["rung_index"], "runs": [], "failed": 0})
+        cell = cells.setdefault((row[group_field], row["framework"]), {"order": row[order_field], "runs": [], "failed": 0})
         if row.get("status") == "ok":
             cell["runs"].append(row)
         else:
@@ -45,6 +46,18 @@ def ladder_cells(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, 
     return cells
 
 
+def ladder_cells(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return aggregate(rows, "ladder", "rung", "rung_index")
+
+
+def sweep_cells(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return aggregate(rows, "sweep", "value", "value_index")
+
+
+def ordered_groups(cells: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    return sorted({g for g, _ in cells}, key=lambda g: min(c["order"] for (h, _), c in cells.items() if h == g))
+
+
 def _flops_per_step(config: dict[str, Any]) -> float:
     from common.config import RunConfig
 
@@ -56,33 +69,43 @@ def _fmt(value: float, pattern: str) -> str:
     return "-" if value != value else pattern.format(value)  # NaN -> "-"
 
 
-def ladder_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: float | None) -> str:
-    from experiments.ladder import RUNGS
-
-    lines = ["| rung | framework | step ms (min..max over repeats) | speedup | images/s | data wait % | first step s "
-             "| recompiles | saved for backward MB | peak MB | accuracy | MFU % | published (min) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for rung in RUNGS:
+def results_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: float | None, group_title: str,
+                  published: dict[str, str] | None = None) -> str:
+    """Group x framework: step time (spread over repeats), speedup over the first group, throughput, data
+    wait, compile, memory, accuracy, MFU; ``published`` adds the reference column (torch rows)."""
+    groups = ordered_groups(cells)
+    columns = [group_title, "framework", "step ms (min..max over repeats)", f"speedup vs {groups[0] if groups else '-'}",
+               "images/s", "data wait %", "first step s", "recompiles", "saved for backward MB", "peak MB", "accuracy", "MFU %"]
+    if published is not None:
+        columns.append("published (min)")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for group in groups:
         for framework in ("torch", "jax"):
-            cell = cells.get((rung.name, framework))
+            cell = cells.get((group, framework))
             if cell is None:
                 continue
-            base = cells.get(("baseline", framework), {}).get("step_s", float("nan"))
+            reference_cell = (published or {}).get(group, "") if framework == "torch" else ""
             if not cell["runs"]:
-                lines.append(f"| {rung.name} | {framework} | failed ({cell['failed']} runs): {'; '.join(cell.get('errors', []))[:150]} "
-                             "| | | | | | | | | | |")
+                failed = f"failed ({cell['failed']} runs): {'; '.join(cell.get('errors', []))[:150]}"
+                lines.append(f"| {group} | {framework} | {failed} |" + " |" * (len(columns) - 3))
                 continue
+            base = cells.get((groups[0], framework), {}).get("step_s", float("nan"))
             flops = _flops_per_step(cell["config"])
             mfu = 100 * flops / cell["step_s"] / matmul_rate if matmul_rate else float("nan")
             lo, hi = cell["step_spread"]
-            lines.append(
-                f"| {rung.name} | {framework} | {cell['step_s'] * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f}) "
-                f"| {_fmt(base / cell['step_s'], '{:.2f}x')} | {_fmt(cell['images_per_s'], '{:.0f}')} "
-                f"| {_fmt(100 * cell['data_wait'], '{:.1f}')} | {_fmt(cell['first_step_s'], '{:.2f}')} | {cell['recompiles']} "
-                f"| {_fmt(cell['saved_bytes'] / 1e6, '{:.1f}')} | {_fmt(cell['peak_bytes'] / 1e6, '{:.1f}')} "
-                f"| {_fmt(cell['accuracy'], '{:.3f}')} | {_fmt(mfu, '{:.1f}')} "
-                f"| {reference.MINUTES[rung.name] if framework == 'torch' else ''} |")
+            values = [group, framework, f"{cell['step_s'] * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f})",
+                      _fmt(base / cell["step_s"], "{:.2f}x"), _fmt(cell["images_per_s"], "{:.0f}"),
+                      _fmt(100 * cell["data_wait"], "{:.1f}"), _fmt(cell["first_step_s"], "{:.2f}"), str(cell["recompiles"]),
+                      _fmt(cell["saved_bytes"] / 1e6, "{:.1f}"), _fmt(cell["peak_bytes"] / 1e6, "{:.1f}"),
+                      _fmt(cell["accuracy"], "{:.3f}"), _fmt(mfu, "{:.1f}")]
+            if published is not None:
+                values.append(reference_cell)
+            lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines)
+
+
+def ladder_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: float | None) -> str:
+    return results_table(cells, matmul_rate, "rung", published={k: f"{v:g}" for k, v in reference.MINUTES.items()})
 
 
 def mapping_table() -> str:
@@ -93,16 +116,25 @@ def mapping_table() -> str:
     return "\n".join(lines)
 
 
-def plot_ladder(cells: dict[tuple[str, str], dict[str, Any]], folder: Path) -> list[Path]:
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from experiments.ladder import RUNGS
+    return plt
 
-    names = [r.name for r in RUNGS if any((r.name, f) in cells for f in ("torch", "jax"))]
-    paths = []
+
+def _save(figure: Any, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    _pyplot().close(figure)
+    return path
+
+
+def plot_step_time(cells: dict[tuple[str, str], dict[str, Any]], path: Path, title: str) -> Path:
+    plt = _pyplot()
+    names = ordered_groups(cells)
     figure, axis = plt.subplots(figsize=(8, 4))
     width = 0.38
     for offset, framework in ((-width / 2, "torch"), (width / 2, "jax")):
@@ -111,16 +143,16 @@ def plot_ladder(cells: dict[tuple[str, str], dict[str, Any]], folder: Path) -> l
     axis.set_xticks(range(len(names)), names)
     axis.set_ylabel("median step time, ms (log)")
     axis.set_yscale("log")  # op-by-op JAX is ~30x slower than the rest: linear hides every other bar
-    axis.set_title("step time per rung")
+    axis.set_title(title)
     axis.legend()
-    paths.append(folder / "ladder_step_time.png")
-    figure.tight_layout()
-    figure.savefig(paths[-1], dpi=110)
-    plt.close(figure)
+    return _save(figure, path)
 
+
+def plot_data_wait(cells: dict[tuple[str, str], dict[str, Any]], path: Path) -> Path:
+    plt = _pyplot()
     figure, axis = plt.subplots(figsize=(9, 4))
     labels, waits, computes = [], [], []
-    for n in names:
+    for n in ordered_groups(cells):
         for framework in ("torch", "jax"):
             cell = cells.get((n, framework))
             if cell and cell["runs"]:
@@ -134,48 +166,97 @@ def plot_ladder(cells: dict[tuple[str, str], dict[str, Any]], folder: Path) -> l
     axis.set_title("data wait vs compute")
     axis.legend()
     axis.tick_params(axis="x", labelsize=7)
-    paths.append(folder / "ladder_data_wait.png")
-    figure.tight_layout()
-    figure.savefig(paths[-1], dpi=110)
-    plt.close(figure)
-    return paths
+    return _save(figure, path)
+
+
+def plot_memory_vs_time(cells: dict[tuple[str, str], dict[str, Any]], path: Path, title: str) -> Path:
+    """Each value of the sweep as a point: step time against memory (device peak where measured, else the
+    bytes saved for backward), one line per framework."""
+    plt = _pyplot()
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    use_peak = any(c["peak_bytes"] == c["peak_bytes"] for c in cells.values() if c["runs"])
+    for framework, marker in (("torch", "o"), ("jax", "s")):
+        points = [(g, cells[(g, framework)]) for g in ordered_groups(cells) if (g, framework) in cells and cells[(g, framework)]["runs"]]
+        xs = [c["step_s"] * 1e3 for _, c in points]
+        ys = [(c["peak_bytes"] if use_peak else c["saved_bytes"]) / 1e6 for _, c in points]
+        axis.plot(xs, ys, marker=marker, label=framework)
+        for (group, _), x, y in zip(points, xs, ys):
+            axis.annotate(group, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    axis.set_xlabel("median step time, ms")
+    axis.set_ylabel(("peak device memory" if use_peak else "activations saved for backward") + ", MB")
+    axis.set_title(title)
+    axis.legend()
+    return _save(figure, path)
+
+
+def _method(rows: list[dict[str, Any]], precision_note: str) -> str:
+    runs = [r for r in rows if r.get("status") == "ok" and r.get("command") in ("ladder", "sweep")]
+    if not runs:
+        return ""
+    example = runs[0]
+    timing = example.get("timing", {})
+    return (f"Each cell: median over {max(r.get('repeat', 0) for r in runs) + 1} repeat(s), each a separate process, "
+            f"of the per-run median step time over {timing.get('timed_steps')} timed steps after "
+            f"{timing.get('warmup_steps')} warm-up step(s) (the first, with compilation, is the 'first step' column); "
+            f"every step synchronized (torch.cuda.synchronize / jax.block_until_ready). Device: {example.get('device')}; "
+            f"host: {example.get('host')}. Both frameworks start from the same transferred weights, read the same "
+            f"batches in the same order, and use the same optimizer formulas; {precision_note}")
+
+
+def _mfu_text(rate: float | None) -> str:
+    return (f"MFU: analytic training FLOPs per step (3x forward, common/flops.py) / step time / measured fp32 matmul "
+            f"rate of this device ({'%.1f GFLOP/s' % (rate / 1e9) if rate else 'not measured'}).")
+
+
+def _notes_text(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
+    notes = sorted({n for c in cells.values() for n in c.get("notes", [])})
+    return "## Notes (techniques accepted with no effect here)\n\n" + ("\n".join(f"- {n}" for n in notes) or "none")
 
 
 def write_report(folder: Path, console: Any = None) -> Path:
+    """report.md (+ PNGs) for a results folder holding a ladder or a sweep."""
     rows = ResultStore(folder / "runs.jsonl").rows()
-    cells = ladder_cells(rows)
     rate = _matmul_rate(folder)
-    runs = [r for r in rows if r.get("status") == "ok"]
-    method = ""
-    if runs:
-        example = runs[0]
-        timing = example.get("timing", {})
-        method = (f"Each cell: median over {max(r.get('repeat', 0) for r in rows) + 1} repeat(s), each a separate process, "
-                  f"of the per-run median step time over {timing.get('timed_steps')} timed steps after "
-                  f"{timing.get('warmup_steps')} warm-up step(s) (the first, with compilation, is the 'first step' column); "
-                  f"every step synchronized (torch.cuda.synchronize / jax.block_until_ready). Device: {example.get('device')}; "
-                  f"host: {example.get('host')}. Both frameworks start from the same transferred weights, read the same "
-                  f"batches in the same order, and use the same optimizer formulas; matmul precision is fp32 'highest' on "
-                  f"both until the flags rung.")
-    notes = sorted({n for c in cells.values() for n in c.get("notes", [])})
-    text = "\n\n".join([
-        f"# twinrun ladder report: {folder.name}",
-        method,
-        ladder_table(cells, rate),
-        f"MFU: analytic training FLOPs per step (3x forward, common/flops.py) / step time / measured fp32 matmul "
-        f"rate of this device ({'%.1f GFLOP/s' % (rate / 1e9) if rate else 'not measured'}).",
-        f"Published (min): minutes of training per rung from {reference.SOURCE}; it also quotes "
-        f"{reference.STEP_MS_TEXT} and {reference.GPU_UTILISATION_TEXT}. These are reference figures, not our measurements.",
-        "## What each rung means in each framework\n\n" + mapping_table(),
-        "## Notes (techniques accepted with no effect here)\n\n" + ("\n".join(f"- {n}" for n in notes) or "none"),
-        "![step time](ladder_step_time.png)\n\n![data wait](ladder_data_wait.png)",
-    ])
-    if cells:
-        plot_ladder(cells, folder)
+    if any(r.get("command") == "sweep" for r in rows):
+        cells = sweep_cells(rows)
+        example = next(r for r in rows if r.get("command") == "sweep")
+        technique, knob = example["technique"], example["knob"]
+        table = results_table(cells, rate, technique)
+        mode = {"native": "torch eager, JAX jit (each framework's usual mode)", "eager": "both eager (JAX op by op)",
+                "compiled": "torch.compile and jax.jit"}.get(example.get("mode", ""), "as the preset")
+        parts = [f"# twinrun sweep report: {technique} ({folder.name})",
+                 f"Varied: {knob}. Everything else as the preset; mode outside a compile sweep: {mode}.",
+                 _method(rows, "matmul precision is fp32 'highest' on both."), table, _mfu_text(rate),
+                 "Saved for backward: torch counts the distinct storages autograd keeps (saved-tensor hooks); JAX counts "
+                 "the residuals of the linearized step (jax.ad_checkpoint), where one array kept for two uses counts "
+                 "twice. Compare within a framework, not across."]
+        if technique == "compile-mode":
+            parts.append("jax.jit has no modes: JAX runs once, under `default`.")
+        parts.append(_notes_text(cells))
+        images = []
+        if cells:
+            images.append(plot_step_time(cells, folder / "sweep_step_time.png", f"step time per {technique} value"))
+            images.append(plot_data_wait(cells, folder / "sweep_data_wait.png"))
+            if technique in ("checkpointing", "accumulation", "batch-size", "precision"):
+                images.append(plot_memory_vs_time(cells, folder / "sweep_memory_vs_time.png", f"{technique}: memory vs time"))
+        parts.append("\n\n".join(f"![{p.stem}]({p.name})" for p in images))
+    else:
+        cells = ladder_cells(rows)
+        table = ladder_table(cells, rate)
+        parts = [f"# twinrun ladder report: {folder.name}",
+                 _method(rows, "matmul precision is fp32 'highest' on both until the flags rung."), table, _mfu_text(rate),
+                 f"Published (min): minutes of training per rung from {reference.SOURCE}; it also quotes "
+                 f"{reference.STEP_MS_TEXT} and {reference.GPU_UTILISATION_TEXT}. These are reference figures, not our "
+                 f"measurements.",
+                 "## What each rung means in each framework\n\n" + mapping_table(), _notes_text(cells)]
+        if cells:
+            plot_step_time(cells, folder / "ladder_step_time.png", "step time per rung")
+            plot_data_wait(cells, folder / "ladder_data_wait.png")
+        parts.append("![step time](ladder_step_time.png)\n\n![data wait](ladder_data_wait.png)")
     path = folder / "report.md"
-    atomic_write_text(path, text + "\n")
+    atomic_write_text(path, "\n\n".join(p for p in parts if p) + "\n")
     if console is not None:
-        console.print(ladder_table(cells, rate))
+        console.print(table)
     return path
 
 

@@ -46,11 +46,19 @@ def _matmul_rate(payload: dict[str, Any]) -> dict[str, Any]:
     return measure_matmul_rate()
 
 
+def _overhead(payload: dict[str, Any]) -> dict[str, Any]:
+    from common.config import RunConfig
+    from experiments.overhead import measure_in_process
+
+    return measure_in_process(payload["framework"], RunConfig.from_dict(payload["config"]))
+
+
 TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "loader-bench": _loader_bench,
     "train": _train,
     "init-weights": _init_weights,
     "matmul-rate": _matmul_rate,
+    "overhead": _overhead,
 }
 
 
