@@ -1,54 +1,91 @@
-"""The ladder: every rung x framework runs in its own process; a failed run is recorded and the rest go
-on; rerunning resumes (finished runs are skipped, nothing is duplicated); the report renders."""
+"""The ladder and the GPU check script: every rung x framework runs in its own process; a failed run is
+recorded and the rest go on; a killed ladder resumes (finished runs skipped, nothing duplicated); the
+reports render with their plots."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from experiments.__main__ import main
 
-
-def _rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()]
+REPO = Path(__file__).resolve().parents[1]
 
 
-def test_tiny_ladder_runs_every_rung_in_both_frameworks_and_reports(cifar100_archive, tmp_path):
-    code = main(["ladder", "--preset", "tiny", "--repeats", "1", "--data", str(cifar100_archive),
-                 "--results", str(tmp_path), "--name", "both"])
-    assert code == 0
-    folder = tmp_path / "both"
-    runs = [r for r in _rows(folder) if r.get("command") == "ladder"]
+def _rows(folder: Path, command: str) -> list[dict]:
+    path = folder / "runs.jsonl"
+    if not path.exists():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines()) if r.get("command") == command]
+
+
+def _is_png(path: Path) -> bool:
+    return path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, tmp_path):
+    """experiments/gpu_check.sh on CPU (tiny preset): the whole ladder in both frameworks, the two sweeps,
+    a diagnosis and the reports, all under one folder. This is also the test of the ladder itself."""
+    out = tmp_path / "gpu-check"
+    env = {**os.environ, "PRESET": "tiny", "PYTHON": sys.executable, "DATA": str(cifar100_archive)}
+    proc = subprocess.run(["bash", str(REPO / "experiments" / "gpu_check.sh"), str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    runs = _rows(out / "ladder", "ladder")
     assert {(r["rung"], r["framework"]) for r in runs} == {
         (rung, fw) for rung in ("baseline", "loader", "flags", "amp", "compile") for fw in ("torch", "jax")}
-    assert all(r["status"] == "ok" for r in runs)
-    # every run of one framework started from the same transferred weights
-    assert len({r["config"]["init_weights"] for r in runs}) == 1
+    assert all(r["status"] == "ok" for r in runs), [r.get("error") for r in runs]
+    assert len({r["config"]["init_weights"] for r in runs}) == 1  # every run started from the same weights
     by_rung = {(r["rung"], r["framework"]): r for r in runs}
     assert by_rung[("amp", "jax")]["config"]["precision"] == "bf16"
     assert by_rung[("compile", "torch")]["config"]["compile"] == "compiled"
-    report = (folder / "report.md").read_text()
+    report = (out / "ladder" / "report.md").read_text()
     assert "| compile | jax |" in report and "published" in report and "What each rung means" in report
-    for plot in ("ladder_step_time.png", "ladder_data_wait.png"):
-        assert (folder / plot).read_bytes()[:4] == b"\x89PNG"
+    assert _is_png(out / "ladder" / "ladder_step_time.png") and _is_png(out / "ladder" / "ladder_data_wait.png")
+
+    sweep = _rows(out / "sweep-checkpointing", "sweep")
+    assert {(r["value"], r["framework"]) for r in sweep} == {(v, f) for v in ("none", "all") for f in ("torch", "jax")}
+    assert all(r["status"] == "ok" for r in sweep)
+    saved = {(r["value"], r["framework"]): r["memory"]["saved_for_backward_bytes"] for r in sweep}
+    for framework in ("torch", "jax"):  # checkpointing every stage keeps far fewer activations
+        assert saved[("all", framework)] < 0.7 * saved[("none", framework)]
+    assert _is_png(out / "sweep-checkpointing" / "sweep_memory_vs_time.png")
+    assert "| all | jax |" in (out / "sweep-checkpointing" / "report.md").read_text()
+    precision = {(r["value"], r["framework"]): r for r in _rows(out / "sweep-precision", "sweep")}
+    assert precision[("bf16", "torch")]["config"]["precision"] == "bf16" and precision[("bf16", "jax")]["status"] == "ok"
+    assert json.loads((out / "diagnose" / "diagnosis.json").read_text())["diagnoses"][0]["verdict"] in (
+        "input-bound", "compute-bound", "overhead-bound")
+    assert "done" in (out / "progress.log").read_text()
 
 
-def test_a_failed_run_is_recorded_and_a_rerun_resumes_without_duplicates(cifar100_archive, tmp_path):
+def test_a_killed_ladder_resumes_with_its_failed_run_and_no_duplicates(cifar100_archive, tmp_path):
     args = ["ladder", "--preset", "tiny", "--repeats", "1", "--framework", "torch", "--data", str(cifar100_archive),
             "--results", str(tmp_path), "--name", "resume"]
-    assert main(args + ["--inject-failure", "flags:torch"]) == 0
     folder = tmp_path / "resume"
-    first = {r["key"]: r for r in _rows(folder) if r.get("command") == "ladder"}
+    # One run dies by itself (the flags rung) and then the whole ladder is killed during the compile rung.
+    ladder = subprocess.Popen([sys.executable, "-m", "experiments", *args, "--inject-failure", "flags:torch"], cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 300
+    while len(_rows(folder, "ladder")) < 4 and time.time() < deadline and ladder.poll() is None:
+        time.sleep(0.2)
+    os.killpg(ladder.pid, signal.SIGKILL)  # the ladder and its running worker, with no clean-up
+    ladder.wait()
+    first = {r["key"]: r for r in _rows(folder, "ladder")}
+    assert set(first) == {f"ladder/{rung}/torch/r0" for rung in ("baseline", "loader", "flags", "amp")}
     assert first["ladder/flags/torch/r0"]["status"] == "failed"
     assert "exit code 9" in first["ladder/flags/torch/r0"]["error"]
-    assert all(r["status"] == "ok" for k, r in first.items() if k != "ladder/flags/torch/r0")
-    assert "failed" in (folder / "report.md").read_text()
 
-    assert main(args) == 0  # resume: only the failed run is run again
-    second = [r for r in _rows(folder) if r.get("command") == "ladder"]
+    assert main(args) == 0  # resume: the failed run and the killed one run, nothing else
+    second = _rows(folder, "ladder")
     assert len(second) == len({r["key"] for r in second}) == 5
     again = {r["key"]: r for r in second}
-    assert again["ladder/flags/torch/r0"]["status"] == "ok"
-    for key, row in first.items():
-        if key != "ladder/flags/torch/r0":
-            assert again[key]["wall_s"] == row["wall_s"]  # untouched: not run again
+    assert all(r["status"] == "ok" for r in second)
+    for key in ("ladder/baseline/torch/r0", "ladder/loader/torch/r0", "ladder/amp/torch/r0"):
+        assert again[key]["wall_s"] == first[key]["wall_s"]  # untouched: not run again
+    assert "failed" not in (folder / "report.md").read_text().split("## What each rung")[0]
