@@ -160,10 +160,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from experiments.paired import FRAMEWORKS
+    from experiments.paired import FRAMEWORKS, paired_config
     from experiments.runner import run_isolated
-
-    from experiments.paired import paired_config
 
     config = overhead_config(config_from_args(args), args.steps is not None)
     config = paired_config(config, Path(args.out) / "weights")  # one starting point for both frameworks

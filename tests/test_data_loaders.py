@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from common.data import EpochSampler, load_source
-from common.data.augment import train_transform, channel_stats
+from common.data.augment import channel_stats, train_transform
 from common.data.loader_options import LoaderOptions
 
 

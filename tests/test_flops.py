@@ -10,7 +10,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from common.arch import resnet
 from common.flops import forward_flops
-from jax_impl.models import init_variables, make_model as make_flax
+from jax_impl.models import init_variables
+from jax_impl.models import make_model as make_flax
 from torch_impl.models import make_model as make_torch
 
 CASES = [("resnet18", "cifar", 32), ("resnet50", "imagenet", 64)]

@@ -12,9 +12,9 @@ import torchvision
 from common.arch import resnet
 from common.weights import flax_to_torch, torch_to_flax
 from experiments.parity import TOLERANCES, load_flax_into_torch, paired_forward_backward
-from jax_impl.models import init_variables, make_model as make_flax
+from jax_impl.models import init_variables
+from jax_impl.models import make_model as make_flax
 from torch_impl.models import make_model as make_torch
-
 
 CONFIGS = [("resnet18", "cifar", "batch"), ("resnet18", "imagenet", "batch"), ("resnet18", "cifar", "group")]
 

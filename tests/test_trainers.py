@@ -16,7 +16,8 @@ import pytest
 
 from common.config import RunConfig
 from jax_impl.train import fit as jax_fit
-from torch_impl.train import export_initial_weights, fit as torch_fit
+from torch_impl.train import export_initial_weights
+from torch_impl.train import fit as torch_fit
 
 FITS = {"torch": torch_fit, "jax": lambda config: jax_fit(config.replace(compile="compiled"))}
 """Each framework's fast CPU path: torch eager (torch.compile costs ~20 s a run here) and JAX jit (op by op
