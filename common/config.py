@@ -89,6 +89,7 @@ class RunConfig:
     profile_dir: str | None = None
     # initial weights (torch-keyed .npz) shared by both frameworks for paired runs
     init_weights: str | None = None
+    save_weights: str | None = None  # final weights (torch-keyed .npz, BN statistics included), e.g. for inference
     # test hooks: exit abruptly after this optimizer step (simulates a killed process); inject an inf
     fail_after_step: int | None = None
     inject_inf_at_step: int | None = None

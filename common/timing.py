@@ -10,7 +10,7 @@ import numpy as np
 
 
 def summarize(samples: Sequence[float]) -> dict[str, float]:
-    """Median, p10, p90, min, max and count of ``samples`` (seconds or any unit)."""
+    """Median, p10, p90, p99, min, max and count of ``samples`` (seconds or any unit)."""
     if len(samples) == 0:
         raise ValueError("no timed samples to summarize")
     values = np.asarray(samples, dtype=np.float64)
@@ -18,6 +18,7 @@ def summarize(samples: Sequence[float]) -> dict[str, float]:
         "median": float(np.median(values)),
         "p10": float(np.percentile(values, 10)),
         "p90": float(np.percentile(values, 90)),
+        "p99": float(np.percentile(values, 99)),
         "min": float(values.min()),
         "max": float(values.max()),
         "n": int(len(values)),

@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run_cmd", "one configuration through both frameworks, paired"),
     "parity": ("parity", "torch vs Flax on transferred weights: logits, statistics, gradients"),
     "loader-bench": ("loader_bench", "loader images/s per framework and worker count"),
+    "infer": ("infer", "inference variants: latency p50/p99, throughput and accuracy, both frameworks"),
     "overhead": ("overhead", "our trainer's step vs a minimal hand-written loop"),
 }
 

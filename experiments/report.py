@@ -213,9 +213,71 @@ def _notes_text(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
     return "## Notes (techniques accepted with no effect here)\n\n" + ("\n".join(f"- {n}" for n in notes) or "none")
 
 
+def inference_table(rows: list[dict[str, Any]]) -> str:
+    """Framework x variant: batch-1 latency p50/p99, throughput per batch, accuracy and its delta to eager fp32."""
+    infer = [r for r in rows if r.get("command") == "infer"]
+    batches = sorted({int(b) for r in infer for b in r.get("throughput", {})})
+    columns = ["framework", "variant", "status", "batch-1 p50 ms", "batch-1 p99 ms", "first call s",
+               *[f"images/s @{b}" for b in batches], "accuracy", "delta vs eager", "what it is here"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in infer:
+        if row.get("status") != "ok":
+            why = row.get("note") or row.get("error") or ""
+            lines.append(f"| {row['framework']} | {row['variant']} | {row.get('status')} |" + " |" * (len(columns) - 4)
+                         + f" {str(why)[:160]} |")
+            continue
+        latency = row["latency_b1_ms"]
+        throughput = [_fmt(row["throughput"].get(str(b), {}).get("images_per_s", float("nan")), "{:.0f}") for b in batches]
+        lines.append("| " + " | ".join([row["framework"], row["variant"], "ok", f"{latency['p50']:.2f}", f"{latency['p99']:.2f}",
+                                        f"{row['first_call_s']:.2f}", *throughput, f"{row['accuracy']:.3f}",
+                                        _fmt(row.get("accuracy_delta", float("nan")), "{:+.3f}"), row.get("note", "")]) + " |")
+    return "\n".join(lines)
+
+
+def plot_latency(rows: list[dict[str, Any]], path: Path) -> Path:
+    plt = _pyplot()
+    ok = [r for r in rows if r.get("command") == "infer" and r.get("status") == "ok"]
+    figure, axis = plt.subplots(figsize=(9, 4))
+    labels = [f"{r['variant']}\n{r['framework']}" for r in ok]
+    p50 = [r["latency_b1_ms"]["p50"] for r in ok]
+    p99 = [r["latency_b1_ms"]["p99"] for r in ok]
+    axis.bar(labels, p50, label="p50")
+    axis.scatter(labels, p99, color="black", marker="_", s=300, label="p99", zorder=3)
+    axis.set_yscale("log")
+    axis.set_ylabel("batch-1 latency, ms (log)")
+    axis.set_title("inference latency per variant")
+    axis.legend()
+    axis.tick_params(axis="x", labelsize=7)
+    return _save(figure, path)
+
+
+def _inference_report(folder: Path, rows: list[dict[str, Any]]) -> tuple[list[str], str]:
+    infer = [r for r in rows if r.get("command") == "infer"]
+    example = infer[0]
+    options, training = example.get("options", {}), example.get("training", {})
+    table = inference_table(rows)
+    plot_latency(rows, folder / "inference_latency.png")
+    parts = [f"# twinrun inference report: {folder.name}",
+             f"Batch-1 latency: {options.get('calls')} timed calls after {options.get('warmup')} warm-up ones (the "
+             f"first call, with any compilation, is its own column); throughput: median of "
+             f"{options.get('throughput_calls')} calls per batch size. Every call is a host batch in and host logits "
+             f"out, so it is synchronized. Accuracy on the eval split ({example.get('eval_batches') or 'all'} batches of "
+             f"128), delta against the same framework's eager fp32. Weights: {training}. Device: "
+             f"{sorted({str(r.get('device')) for r in infer})}; host: {example.get('host')}.",
+             table, "![latency](inference_latency.png)"]
+    return parts, table
+
+
 def write_report(folder: Path, console: Any = None) -> Path:
-    """report.md (+ PNGs) for a results folder holding a ladder or a sweep."""
+    """report.md (+ PNGs) for a results folder holding a ladder, a sweep or inference rows."""
     rows = ResultStore(folder / "runs.jsonl").rows()
+    if any(r.get("command") == "infer" for r in rows):
+        parts, table = _inference_report(folder, rows)
+        path = folder / "report.md"
+        atomic_write_text(path, "\n\n".join(parts) + "\n")
+        if console is not None:
+            console.print(table)
+        return path
     rate = _matmul_rate(folder)
     if any(r.get("command") == "sweep" for r in rows):
         cells = sweep_cells(rows)

@@ -53,12 +53,19 @@ def _overhead(payload: dict[str, Any]) -> dict[str, Any]:
     return measure_in_process(payload["framework"], RunConfig.from_dict(payload["config"]))
 
 
+def _infer(payload: dict[str, Any]) -> dict[str, Any]:
+    from experiments.infer import measure_in_process
+
+    return measure_in_process(payload)
+
+
 TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "loader-bench": _loader_bench,
     "train": _train,
     "init-weights": _init_weights,
     "matmul-rate": _matmul_rate,
     "overhead": _overhead,
+    "infer": _infer,
 }
 
 

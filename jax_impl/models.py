@@ -79,6 +79,17 @@ class BatchNorm(nn.Module):
         return y.astype(self.dtype or x.dtype)
 
 
+class FoldedNorm(nn.Module):
+    """What an inference-time BatchNorm leaves once folded into the convolution before it: a bias."""
+
+    dtype: Any = None
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        bias = self.param("bias", nn.initializers.zeros, (x.shape[-1],), jnp.float32)
+        return (x + bias.astype(x.dtype)).astype(self.dtype or x.dtype)
+
+
 class GroupNorm(nn.Module):
     """GroupNorm computed in fp32, torch's eps and group count."""
 
@@ -105,6 +116,8 @@ class ModelOptions(nn.Module):
         scale_init = nn.initializers.zeros if zero_init else nn.initializers.ones
         if self.norm == "group":
             return GroupNorm(dtype=self.dtype, scale_init=scale_init, name=name)
+        if self.norm == "folded":
+            return FoldedNorm(dtype=self.dtype, name=name)
         return BatchNorm(use_running_average=not self.train, dtype=self.dtype, scale_init=scale_init,
                          axis_name=self.bn_axis_name, name=name)
 
@@ -159,11 +172,13 @@ class ResNet(nn.Module):
     checkpoint_stages: frozenset[int] = frozenset()
     checkpoint_policy: str = "nothing_saveable"
     bn_axis_name: str | None = None
+    folded_norm: bool = False  # inference: every BatchNorm folded into its convolution (jax_impl/inference.py)
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
         arch = self.arch
-        options = dict(norm=arch.norm, train=train, dtype=self.dtype, bn_axis_name=self.bn_axis_name)
+        norm = "folded" if self.folded_norm else arch.norm
+        options = dict(norm=norm, train=train, dtype=self.dtype, bn_axis_name=self.bn_axis_name)
         x = x.astype(self.dtype)
         if arch.stem == "cifar":
             x = nn.Conv(arch.stem_channels, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, kernel_init=conv_init,
@@ -171,7 +186,7 @@ class ResNet(nn.Module):
         else:
             x = nn.Conv(arch.stem_channels, (7, 7), strides=(2, 2), padding=((3, 3), (3, 3)), use_bias=False,
                         kernel_init=conv_init, dtype=self.dtype, param_dtype=jnp.float32, name="conv1")(x)
-        x = nn.relu(_norm(arch.norm, train, self.dtype, self.bn_axis_name, "bn1")(x))
+        x = nn.relu(_norm(norm, train, self.dtype, self.bn_axis_name, "bn1")(x))
         if arch.stem == "imagenet":
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         plain = BasicBlock if arch.block == "basic" else Bottleneck
@@ -189,6 +204,8 @@ class ResNet(nn.Module):
 def _norm(kind: str, train: bool, dtype: Any, axis_name: str | None, name: str) -> nn.Module:
     if kind == "group":
         return GroupNorm(dtype=dtype, name=name)
+    if kind == "folded":
+        return FoldedNorm(dtype=dtype, name=name)
     return BatchNorm(use_running_average=not train, dtype=dtype, axis_name=axis_name, name=name)
 
 

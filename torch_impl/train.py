@@ -232,6 +232,11 @@ def fit(config: RunConfig) -> dict[str, Any]:
         memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, first_images, device)
     result["memory"] = memory
     result["synthetic_data"] = train_source.synthetic
+    if config.save_weights and status == "ok":
+        from common.weights import save_torch_keyed
+
+        save_torch_keyed(config.save_weights, {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()
+                                               if v.is_floating_point()})
     if profile is not None:
         result["profile"] = profile
     return result

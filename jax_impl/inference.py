@@ -1,0 +1,130 @@
+"""Inference variants on the JAX side; torch_impl/inference.py mirrors them.
+
+Every variant is a callable from a host NHWC float32 batch to host logits (numpy), so the caller times
+what a server sees (copy in, forward, copy out; the copy out synchronizes) the same way for both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from common.arch import ResNetArch
+from common.config import RunConfig
+from jax_impl.models import BN_EPS, ResNet
+from jax_impl.models import make_model as build_resnet
+from jax_impl.train import make_model
+
+Predict = Callable[[np.ndarray], np.ndarray]
+VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
+
+
+class Unavailable(Exception):
+    """A variant that cannot run here (no maintained path, no GPU): skipped, with the reason."""
+
+
+def load_variables(config: RunConfig, arch: ResNetArch, weights: str | None) -> tuple[ResNet, dict[str, Any]]:
+    return make_model(config.replace(init_weights=weights, precision="fp32", grad_checkpointing="none"), arch)
+
+
+def _conv_of(norm_name: str) -> str:
+    return norm_name.replace("bn", "conv")  # bn1 -> conv1, downsample_bn -> downsample_conv
+
+
+def fold_batchnorm(params: Mapping[str, Any], stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Params of the folded model (ResNet(folded_norm=True)): each conv kernel scaled by gamma/sqrt(var+eps)
+    per output channel, each BatchNorm reduced to the bias beta - mean * gamma/sqrt(var+eps). In float64,
+    then float32, so the folding adds no rounding of its own."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if isinstance(value, Mapping) and "scale" in value and name in stats:  # a BatchNorm
+            continue
+        out[name] = fold_batchnorm(value, stats.get(name, {})) if isinstance(value, Mapping) and name != "fc" else value
+    for name, value in params.items():
+        if isinstance(value, Mapping) and "scale" in value and name in stats:
+            gamma, beta = np.asarray(value["scale"], np.float64), np.asarray(value["bias"], np.float64)
+            mean, var = np.asarray(stats[name]["mean"], np.float64), np.asarray(stats[name]["var"], np.float64)
+            factor = gamma / np.sqrt(var + BN_EPS)
+            conv = _conv_of(name)
+            out[conv] = {"kernel": (np.asarray(params[conv]["kernel"], np.float64) * factor).astype(np.float32)}
+            out[name] = {"bias": (beta - mean * factor).astype(np.float32)}
+    return out
+
+
+def quantize_int8(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Weight-only INT8: every conv/dense kernel as int8 with one fp32 scale per output channel (symmetric,
+    max-abs), the rest unchanged. Dequantized inside the jitted forward, which runs in bf16."""
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if isinstance(value, Mapping):
+            out[name] = quantize_int8(value)
+        elif name == "kernel":
+            w = np.asarray(value, np.float32)
+            scale = np.maximum(np.abs(w).reshape(-1, w.shape[-1]).max(0), 1e-12) / 127.0
+            out[name] = {"int8": np.clip(np.round(w / scale), -127, 127).astype(np.int8), "scale": scale.astype(np.float32)}
+        else:
+            out[name] = value
+    return out
+
+
+def dequantize(params: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        if isinstance(value, Mapping) and set(value) == {"int8", "scale"}:
+            out[name] = value["int8"].astype(dtype) * value["scale"].astype(dtype)
+        elif isinstance(value, Mapping):
+            out[name] = dequantize(value, dtype)
+        else:
+            out[name] = value
+    return out
+
+
+def _host(fn: Callable[[jax.Array], jax.Array]) -> Predict:
+    def predict(images: np.ndarray) -> np.ndarray:
+        return np.asarray(fn(jax.device_put(images)), np.float32)  # the copy out waits for the device
+
+    return predict
+
+
+def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
+          calibration: list[np.ndarray]) -> tuple[Predict, str]:
+    """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
+    model, variables = load_variables(config, arch, weights)
+    device = jax.devices()[0]
+
+    def forward(images: jax.Array) -> jax.Array:
+        return model.apply(variables, images, train=False)
+
+    if name == "eager":
+        def op_by_op(images: jax.Array) -> jax.Array:
+            with jax.disable_jit():
+                return forward(images)
+
+        return _host(op_by_op), f"op by op (jax.disable_jit) fp32 on {device}"
+    if name == "compiled":
+        return _host(jax.jit(forward)), f"jax.jit fp32 on {device}"
+    folded_params = fold_batchnorm(variables["params"], variables.get("batch_stats", {}))
+    if name == "folded":
+        folded = build_resnet(arch).clone(folded_norm=True)
+        params = jax.device_put(folded_params)
+        return _host(jax.jit(lambda images: folded.apply({"params": params}, images))), \
+            f"conv+BN folded into the conv weights, jax.jit fp32 on {device}"
+    if name == "int8":
+        bf16 = build_resnet(arch, dtype=jnp.bfloat16).clone(folded_norm=True)
+        quantized = jax.device_put(quantize_int8(folded_params))
+
+        def int8_forward(images: jax.Array) -> jax.Array:
+            return bf16.apply({"params": dequantize(quantized, jnp.bfloat16)}, images).astype(jnp.float32)
+
+        return _host(jax.jit(int8_forward)), ("folded, int8 weights (per output channel) dequantized in the jitted "
+                                              f"forward, bf16 activations, on {device}")
+    if name == "onnxruntime":
+        raise Unavailable("no maintained JAX -> ONNX exporter without TensorFlow (jax2tf + tf2onnx); "
+                          "JAX's own deployment path is jax.export (StableHLO)")
+    if name == "tensorrt":
+        raise Unavailable("no TensorRT path from JAX (TensorRT consumes ONNX or torch programs)")
+    raise ValueError(f"unknown inference variant '{name}'; known: {', '.join(VARIANTS)}")

@@ -1,0 +1,123 @@
+"""Inference variants: conv+BN folding equals the unfolded model (both frameworks); the ONNX export equals
+torch; INT8 stays within a stated accuracy delta of fp32 on a model trained for a few epochs; the infer
+command reports sane latencies; a missing optional runtime is a clear skip."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from experiments.__main__ import main
+
+INT8_ACCURACY_DELTA = 0.05  # the stated bound: at most 5 points of eval accuracy lost to INT8
+
+
+@pytest.fixture(scope="module")
+def trained(cifar10_archive, tmp_path_factory):
+    """A small ResNet trained for 4 epochs on the CIFAR-10 fixture by the torch trainer: (config, weights)."""
+    from torch_impl.train import fit
+
+    weights = tmp_path_factory.mktemp("trained") / "weights.npz"
+    config = RunConfig(source="cifar10", data=str(cifar10_archive), width=0.25, batch_size=32, epochs=4, lr=0.05,
+                       warmup_steps=5, save_weights=str(weights))
+    result = fit(config)
+    assert result["status"] == "ok"
+    return config.replace(save_weights=None), str(weights)
+
+
+def _images(config: RunConfig, count: int) -> np.ndarray:
+    from experiments.infer import _eval_batches
+
+    return _eval_batches(config, count, 1)[0][0]
+
+
+def _max_relative(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def test_torch_folding_equals_the_unfolded_model(trained):
+    import torch
+
+    from torch_impl.inference import fold_batchnorm, load_model
+
+    config, weights = trained
+    model = load_model(config, config.arch(10), weights, torch.device("cpu"))
+    folded = fold_batchnorm(model)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
+    images = torch.from_numpy(_images(config, 16).transpose(0, 3, 1, 2).copy())
+    with torch.inference_mode():
+        assert _max_relative(folded(images).numpy(), model(images).numpy()) < 1e-5
+
+
+def test_jax_folding_equals_the_unfolded_model(trained):
+    import jax
+
+    from jax_impl.inference import fold_batchnorm, load_variables
+    from jax_impl.models import make_model
+
+    config, weights = trained
+    model, variables = load_variables(config, config.arch(10), weights)
+    folded = make_model(config.arch(10)).clone(folded_norm=True)
+    params = fold_batchnorm(variables["params"], variables["batch_stats"])
+    assert "scale" not in params["layer1_0"]["bn1"] and "bias" in params["layer1_0"]["bn1"]
+    images = _images(config, 16)
+    expected = np.asarray(jax.jit(lambda x: model.apply(variables, x))(images))
+    got = np.asarray(jax.jit(lambda x: folded.apply({"params": params}, x))(images))
+    assert _max_relative(got, expected) < 1e-5
+
+
+def test_the_onnx_export_equals_torch(trained, tmp_path):
+    import onnxruntime as ort
+    import torch
+
+    from torch_impl.inference import export_onnx, load_model
+
+    config, weights = trained
+    model = load_model(config, config.arch(10), weights, torch.device("cpu"))
+    session = ort.InferenceSession(str(export_onnx(model, tmp_path / "m.onnx", 32)), providers=["CPUExecutionProvider"])
+    images = _images(config, 8).transpose(0, 3, 1, 2).copy()
+    with torch.inference_mode():
+        expected = model(torch.from_numpy(images)).numpy()
+    assert _max_relative(session.run(["logits"], {"images": images})[0], expected) < 1e-4
+
+
+def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path):
+    config, weights = trained
+    code = main(["infer", "--source", "cifar10", "--data", config.data, "--width", "0.25", "--weights", weights,
+                 "--variants", "eager", "folded", "int8", "onnxruntime", "tensorrt", "--calls", "20", "--warmup", "2",
+                 "--throughput-batches", "32", "--throughput-calls", "2", "--calibration-batches", "4",
+                 "--out", str(tmp_path)])
+    assert code == 0
+    rows = {(r["framework"], r["variant"]): r for r in map(json.loads, (tmp_path / "runs.jsonl").read_text().splitlines())
+            if r.get("command") == "infer"}
+    assert len(rows) == 10
+    for framework in ("torch", "jax"):
+        eager = rows[(framework, "eager")]
+        assert eager["accuracy"] > 0.3  # trained: far above the 0.1 of chance
+        for variant in ("eager", "folded", "int8"):
+            row = rows[(framework, variant)]
+            assert row["status"] == "ok", row
+            assert 0 < row["latency_b1_ms"]["p50"] <= row["latency_b1_ms"]["p99"]
+            assert row["throughput"]["32"]["images_per_s"] > 0
+        assert rows[(framework, "folded")]["accuracy"] == pytest.approx(eager["accuracy"], abs=0.011)
+        assert abs(rows[(framework, "int8")]["accuracy_delta"]) <= INT8_ACCURACY_DELTA
+        assert rows[(framework, "tensorrt")]["status"] == "skipped" and rows[(framework, "tensorrt")]["note"]
+    assert rows[("torch", "onnxruntime")]["status"] == "ok"
+    assert rows[("torch", "onnxruntime")]["accuracy"] == pytest.approx(rows[("torch", "eager")]["accuracy"], abs=0.011)
+    assert rows[("jax", "onnxruntime")]["status"] == "skipped"
+    report = (tmp_path / "report.md").read_text()
+    assert "| torch | int8 | ok |" in report and "skipped" in report
+    assert (tmp_path / "inference_latency.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_missing_optional_runtime_is_a_clear_skip(trained, monkeypatch):
+    from experiments.infer import measure_variant
+
+    config, weights = trained
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now fails
+    row = measure_variant("torch", "onnxruntime", config, weights, {"eval_batches": 1, "calibration_batches": 1})
+    assert row["status"] == "skipped" and "onnxruntime is not installed" in row["note"]
