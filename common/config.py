@@ -24,6 +24,7 @@ COMPILE_MODES = ("eager", "compiled")
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")
+JAX_PARALLEL = ("sharding", "shard_map", "pmap")
 SCHEDULES = ("cosine", "constant")
 
 
@@ -71,6 +72,12 @@ class RunConfig:
     channels_last: bool = False
     loss_scale_init: float = 2.0**16
     loss_scale_growth_interval: int = 2000
+    # data parallel: ``devices`` replicas, each with ``batch_size`` images (global batch = batch_size * devices).
+    # torch: one DDP process per device under torchrun; JAX: one process over that many local devices,
+    # by ``jax_parallel`` = sharding (jit + NamedSharding), shard_map or pmap.
+    devices: int = 1
+    jax_parallel: str = "sharding"
+    sync_bn: bool = False  # BatchNorm statistics over the global batch (SyncBatchNorm / axis_name)
     # loader
     workers: int = 0
     prefetch: int = 2
@@ -105,7 +112,8 @@ class RunConfig:
         _one_of("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
         _one_of("optimizer", self.optimizer, OPTIMIZERS)
         _one_of("schedule", self.schedule, SCHEDULES)
-        for name in ("batch_size", "grad_accum_steps", "image_size", "synthetic_size", "prefetch"):
+        _one_of("jax_parallel", self.jax_parallel, JAX_PARALLEL)
+        for name in ("batch_size", "devices", "grad_accum_steps", "image_size", "synthetic_size", "prefetch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("workers", "device_prefetch", "read_latency_ms", "warmup_steps", "eval_every", "timing_warmup", "checkpoint_every"):
@@ -132,6 +140,8 @@ class RunConfig:
             raise ConfigError("profile_steps must be 0 or more, and needs profile_dir")
         if self.steps is not None and self.profile_steps >= self.steps:
             raise ConfigError(f"profile_steps ({self.profile_steps}) must leave untraced steps of the {self.steps}")
+        if self.sync_bn and self.norm != "batch":
+            raise ConfigError(f"sync_bn synchronises BatchNorm statistics; norm is '{self.norm}'")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs checkpoint_dir")
         if self.checkpoint_every and not self.checkpoint_dir:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,13 @@ def paired_config(config: RunConfig, folder: Path) -> RunConfig:
 
 
 def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    result = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s)
+    env, processes = None, 1
+    if config.devices > 1 and framework == "torch":
+        processes = config.devices  # one DDP process per device
+    elif config.devices > 1:  # one JAX process; on a CPU host, XLA is asked for that many host devices
+        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                                          f"--xla_force_host_platform_device_count={config.devices}".strip()}
+    result = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s,
+                          env=env, processes=processes)
     result.setdefault("framework", framework)
     return result

@@ -13,12 +13,14 @@ from typing import Any
 
 
 def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = None,
-                 env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Runs ``experiments.worker`` for ``task`` in a subprocess; returns its result, or a failed result
-    carrying the end of its error output."""
+                 env: dict[str, str] | None = None, processes: int = 1) -> dict[str, Any]:
+    """Runs ``experiments.worker`` for ``task`` in a subprocess (``processes`` > 1: that many, started by
+    torchrun, rank 0 answering); returns its result, or a failed result carrying the end of its error output."""
     with tempfile.TemporaryDirectory(prefix="twinrun-") as folder:
         out = Path(folder) / "result.json"
         command = [sys.executable, "-m", "experiments.worker", task, json.dumps(payload), str(out)]
+        if processes > 1:  # torchrun's own launcher; --standalone picks a free local rendezvous
+            command[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m"]
         # A compile cache of its own: inductor's on-disk cache would otherwise turn a later run's
         # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation.
         run_env = {**(env if env is not None else os.environ), "TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor")}

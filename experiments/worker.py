@@ -6,6 +6,7 @@ Imports only the framework the job needs, so a torch job never loads JAX and the
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -75,7 +76,8 @@ def main(argv: list[str]) -> int:
         result = TASKS[task](payload)
     except Exception as exc:  # the job failed; say why in its result instead of losing it
         result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
-    atomic_write_text(out, json.dumps(result, default=str))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
+        atomic_write_text(out, json.dumps(result, default=str))
     return 0
 
 

@@ -21,6 +21,7 @@ from common.metrics import is_diverged
 from common.timing import StepTimer
 from common.weights import load_torch_keyed, torch_to_flax
 from jax_impl import checkpoint as ckpt
+from jax_impl import parallel
 from jax_impl.data import make_loader
 from jax_impl.models import ResNet, init_variables
 from jax_impl.models import make_model as build_resnet
@@ -46,7 +47,7 @@ StepFn = Callable[[TrainState, jax.Array, jax.Array, jax.Array], tuple[TrainStat
 
 def make_model(config: RunConfig, arch: ResNetArch) -> tuple[ResNet, dict[str, Any]]:
     model = build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.checkpoint_stages,
-                         checkpoint_policy=config.checkpoint_policy)
+                         checkpoint_policy=config.checkpoint_policy, bn_axis_name=parallel.bn_axis_name(config))
     def init() -> dict[str, Any]:
         return init_variables(model, jax.random.key(config.seed), config.image_size)
 
@@ -94,7 +95,8 @@ def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransfor
             loss = loss_fn(config, logits, labels, num_classes)
             return loss * state.loss_scale.scale, (loss, updates.get("batch_stats", state.batch_stats))
 
-        (_, (loss, batch_stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(state.params)
+        (_, (loss, batch_stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(parallel.per_replica(config, state.params))
+        grads, loss, batch_stats = parallel.reduce_across_replicas(config, grads, loss, batch_stats)
         grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
         # Test hook: an overflowing gradient, as fp16 produces.
         leaves, treedef = jax.tree.flatten(grads)
@@ -110,6 +112,8 @@ def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransfor
             loss_scale = state.loss_scale
         return TrainState(params, batch_stats, opt_state, loss_scale), loss
 
+    if config.devices > 1:
+        return step  # the caller makes it data parallel (jax_impl/parallel.py)
     if config.compile == "compiled":
         return jax.jit(step, donate_argnums=(0,))  # donated: the old state's buffers are reused in place
     return step
@@ -179,9 +183,11 @@ def fit(config: RunConfig) -> dict[str, Any]:
 
 def _fit(config: RunConfig) -> dict[str, Any]:
     notes = apply_flags(config)
+    data_parallel = parallel.DataParallel.create(config)  # None on one device
     train_source, test_source = open_sources(config)
     arch = config.arch(train_source.num_classes)
-    train_loader = make_loader(train_source, loader_options(config, train=True))
+    # One process reads the global batch (batch_size per replica, as in DDP) and lays it out over the devices.
+    train_loader = make_loader(train_source, loader_options(config.replace(batch_size=config.batch_size * config.devices), train=True))
     eval_loader = make_loader(test_source, loader_options(config, train=False))
     steps_per_epoch = len(train_loader) // config.grad_accum_steps
     if steps_per_epoch == 0:
@@ -193,6 +199,9 @@ def _fit(config: RunConfig) -> dict[str, Any]:
     state = TrainState(variables["params"], variables.get("batch_stats", {}), tx.init(variables["params"]),
                        LossScale.create(config))
     step_fn = make_train_step(config, model, tx, arch.num_classes)
+    if data_parallel is not None:
+        step_fn = data_parallel.parallelize(step_fn)
+        notes += data_parallel.notes()
 
     start = 0
     if config.resume and config.checkpoint_dir and (path := ckpt.latest(config.checkpoint_dir)):
@@ -200,6 +209,8 @@ def _fit(config: RunConfig) -> dict[str, Any]:
         start = ckpt.step_of(path)
         notes.append(f"resumed from step {start}")
 
+    if data_parallel is not None:
+        state = data_parallel.place_state(state)
     timer = StepTimer(config.timing_warmup)
     losses: list[float] = []
     loss_scales: list[float] = []
@@ -226,7 +237,12 @@ def _fit(config: RunConfig) -> dict[str, Any]:
             total = 0.0
             with _mode(config):
                 for images, labels in group:
-                    state, loss = step_fn(state, images, labels, inject)
+                    if data_parallel is not None:
+                        images, labels = data_parallel.place_batch(images, labels)
+                        state, loss = step_fn(state, images, labels, inject)
+                        loss = data_parallel.loss_value(loss)
+                    else:
+                        state, loss = step_fn(state, images, labels, inject)
                     total += loss
             value = float(jax.block_until_ready(total)) / len(group)
             t2 = clock()
@@ -237,7 +253,7 @@ def _fit(config: RunConfig) -> dict[str, Any]:
             if first_batch is None:
                 first_batch = group[0]
             losses.append(value)
-            scale = float(state.loss_scale.scale)
+            scale = float(np.asarray(state.loss_scale.scale).reshape(-1)[0])  # pmap: one per replica, all equal
             previous = loss_scales[-1] if loss_scales else float(LossScale.create(config).scale)
             updates_applied += 0 if scale < previous else 1  # a halved scale means the step was skipped
             loss_scales.append(scale)
@@ -246,14 +262,18 @@ def _fit(config: RunConfig) -> dict[str, Any]:
                 status = "diverged"
                 break
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                ckpt.save(config.checkpoint_dir, step, state)  # type: ignore[arg-type]
+                saved = data_parallel.gather_state(state) if data_parallel is not None else state
+                ckpt.save(config.checkpoint_dir, step, saved)  # type: ignore[arg-type]
             if config.fail_after_step == step:
                 os._exit(9)  # test hook: die like a killed process, no clean-up
             if config.eval_every and step % config.eval_every == 0 and step < total_steps:
                 evals.append({"step": step, **evaluate(config, model, state, eval_loader)})
 
     profile = profiler.stop() if profiler is not None else None
-    compiled_shapes = step_fn._cache_size() if config.compile == "compiled" else 0  # type: ignore[attr-defined]
+    if data_parallel is not None:
+        state = data_parallel.gather_state(state)
+    cache_size = getattr(step_fn, "_cache_size", None)  # jit's count of compiled shapes (pmap has none)
+    compiled_shapes = cache_size() if config.compile == "compiled" and cache_size else 0
     result: dict[str, Any] = {"framework": "jax", "status": status, "steps_done": step, "start_step": start,
                               "losses": losses, "loss_scales": loss_scales, "timing": timer.summary(),
                               "recompiles": max(compiled_shapes - 1, 0), "graphs_compiled": compiled_shapes,
@@ -266,14 +286,20 @@ def _fit(config: RunConfig) -> dict[str, Any]:
     result["evals"] = evals
     memory: dict[str, Any] = {}
     if first_batch is not None and status == "ok":
-        memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, state, *first_batch)
-        if config.compile == "compiled":  # op by op there is no whole-step program to analyse
-            memory.update(measure_xla_memory(step_fn, state, *first_batch))
+        if data_parallel is None:  # both measure the single-device step
+            memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, state, *first_batch)
+            if config.compile == "compiled":  # op by op there is no whole-step program to analyse
+                memory.update(measure_xla_memory(step_fn, state, *first_batch))
         stats = jax.devices()[0].memory_stats() or {}
         if "peak_bytes_in_use" in stats:
             memory["peak_allocated_bytes"] = int(stats["peak_bytes_in_use"])
     result["memory"] = memory
     result["synthetic_data"] = train_source.synthetic
+    result["replicas"] = config.devices
+    if config.save_weights and status == "ok":
+        from common.weights import flax_to_torch, save_torch_keyed
+
+        save_torch_keyed(config.save_weights, flax_to_torch({"params": state.params, "batch_stats": state.batch_stats}))
     if profile is not None:
         result["profile"] = profile
     return result

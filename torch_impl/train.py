@@ -19,7 +19,8 @@ from common.metrics import is_diverged
 from common.timing import StepTimer
 from common.weights import load_torch_keyed
 from torch_impl import checkpoint as ckpt
-from torch_impl.data import default_device, make_loader, synchronize
+from torch_impl import parallel
+from torch_impl.data import make_loader, synchronize
 from torch_impl.models import ResNet
 from torch_impl.models import make_model as build_resnet
 from torch_impl.profiling import StepProfiler
@@ -67,6 +68,7 @@ def loss_fn(config: RunConfig, logits: torch.Tensor, labels: torch.Tensor) -> to
 
 def make_train_step(config: RunConfig, model: torch.nn.Module, optimizer, scheduler, scaler, device) -> StepFn:
     """One optimizer step over k micro-batches: loss / k accumulated by backward, then one update.
+    ``model`` may be DDP-wrapped: its gradients are then all-reduced on the last micro-batch only.
 
     Returns the mean micro-batch loss (a device tensor; the caller synchronizes)."""
     forward = torch.compile(model, mode=config.torchcompile_mode) if config.compile == "compiled" else model
@@ -75,11 +77,12 @@ def make_train_step(config: RunConfig, model: torch.nn.Module, optimizer, schedu
     def step(micro_batches: list[tuple[torch.Tensor, torch.Tensor]], inject_inf: bool = False) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=device, dtype=param_dtype(config))
-        for images, labels in micro_batches:
-            with autocast(config, device):
-                logits = forward(images)
-            loss = loss_fn(config, logits, labels)
-            scaler.scale(loss / k).backward()
+        for index, (images, labels) in enumerate(micro_batches):
+            with parallel.no_sync(model, last_micro_batch=index == len(micro_batches) - 1):
+                with autocast(config, device):
+                    logits = forward(images)
+                loss = loss_fn(config, logits, labels)
+                scaler.scale(loss / k).backward()
             total += loss.detach()
         if inject_inf:  # test hook: an overflowing gradient, as fp16 produces
             next(model.parameters()).grad.fill_(float("inf"))
@@ -136,11 +139,12 @@ def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch
 
 def fit(config: RunConfig) -> dict[str, Any]:
     """Trains per ``config``; returns losses, timing, memory, evaluation and notes (one result row)."""
-    device = default_device()
+    replica = parallel.start(config)  # one process, or one DDP replica under torchrun
+    device = parallel.device_for(replica)
     notes = apply_flags(config, device)
     train_source, test_source = open_sources(config)
     arch = config.arch(train_source.num_classes)
-    train_loader = make_loader(train_source, loader_options(config, train=True))
+    train_loader = make_loader(train_source, loader_options(config, train=True, rank=replica.rank, world_size=replica.world_size))
     eval_loader = make_loader(test_source, loader_options(config, train=False))
     steps_per_epoch = len(train_loader) // config.grad_accum_steps
     if steps_per_epoch == 0:
@@ -150,7 +154,7 @@ def fit(config: RunConfig) -> dict[str, Any]:
     model = make_model(config, arch, device)
     optimizer, scheduler = make_optimizer(config, model, total_steps)
     scaler = make_grad_scaler(config, device)
-    step_fn = make_train_step(config, model, optimizer, scheduler, scaler, device)
+    step_fn = make_train_step(config, parallel.wrap(model, config, replica, device), optimizer, scheduler, scaler, device)
 
     start = 0
     if config.resume and config.checkpoint_dir and (path := ckpt.latest(config.checkpoint_dir)):
@@ -189,7 +193,7 @@ def fit(config: RunConfig) -> dict[str, Any]:
             synchronize(device)
             t1 = clock()
             loss = step_fn(group, inject_inf=config.inject_inf_at_step == step)
-            value = float(loss)  # a host read: waits for the step's device work
+            value = float(parallel.mean_across_replicas(loss, replica))  # a host read: waits for the device
             synchronize(device)
             t2 = clock()
             if profiler is None:
@@ -204,13 +208,13 @@ def fit(config: RunConfig) -> dict[str, Any]:
             if is_diverged(value, losses[0]):
                 status = "diverged"
                 break
-            if config.checkpoint_every and step % config.checkpoint_every == 0:
+            if config.checkpoint_every and step % config.checkpoint_every == 0 and replica.is_main:
                 ckpt.save(config.checkpoint_dir, step, {  # type: ignore[arg-type]
                     "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict(), "rng": torch.get_rng_state()})
             if config.fail_after_step == step:
                 os._exit(9)  # test hook: die like a killed process, no clean-up
-            if config.eval_every and step % config.eval_every == 0 and step < total_steps:
+            if config.eval_every and step % config.eval_every == 0 and step < total_steps and replica.is_main:
                 evals.append({"step": step, **evaluate(config, model, eval_loader, device)})
 
     profile = profiler.stop() if profiler is not None else None
@@ -220,7 +224,8 @@ def fit(config: RunConfig) -> dict[str, Any]:
                               "graphs_compiled": compile_counter() - compiles_before,
                               "notes": notes, "device": str(device), "torch": torch.__version__,
                               "final_lr": scheduler.get_last_lr()[0]}
-    if status == "ok":
+    result["replicas"] = replica.world_size
+    if status == "ok" and replica.is_main:
         final = evaluate(config, model, eval_loader, device)
         evals.append({"step": step, **final})
         result["eval"] = final
@@ -228,17 +233,18 @@ def fit(config: RunConfig) -> dict[str, Any]:
     memory: dict[str, Any] = {}
     if device.type == "cuda":
         memory["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-    if first_images is not None and status == "ok":
+    if first_images is not None and status == "ok" and replica.is_main:
         memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, first_images, device)
     result["memory"] = memory
     result["synthetic_data"] = train_source.synthetic
-    if config.save_weights and status == "ok":
+    if config.save_weights and status == "ok" and replica.is_main:
         from common.weights import save_torch_keyed
 
-        save_torch_keyed(config.save_weights, {k: v.detach().float().cpu().numpy() for k, v in model.state_dict().items()
+        save_torch_keyed(config.save_weights, {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()
                                                if v.is_floating_point()})
     if profile is not None:
         result["profile"] = profile
+    parallel.finish(replica)
     return result
 
 

@@ -1,0 +1,122 @@
+"""Data parallel on the JAX side, three ways over one process's devices; torch_impl/parallel.py mirrors it
+with DDP. ``sharding`` is what current JAX recommends first: the ordinary jitted step on a batch laid out
+with a NamedSharding over a Mesh (XLA inserts the all-reduces; BatchNorm then sees the global batch, i.e.
+SyncBatchNorm). ``shard_map`` writes the per-replica program with explicit collectives (pmean of the
+gradients; BatchNorm per replica unless ``sync_bn``). ``pmap`` is kept because the project's design names
+it, but since JAX 0.8 it is built on jit + shard_map and in maintenance mode.
+
+Per-replica BatchNorm keeps replica 0's running statistics, as DDP does by broadcasting rank 0's buffers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from common.config import RunConfig
+from common.errors import ConfigError
+
+AXIS = "data"
+
+
+def bn_axis_name(config: RunConfig) -> str | None:
+    """The BatchNorm axis: cross-replica statistics under shard_map / pmap when sync_bn is asked for."""
+    if config.devices > 1 and config.sync_bn and config.jax_parallel in ("shard_map", "pmap"):
+        return AXIS
+    return None
+
+
+def step_axis_name(config: RunConfig) -> str | None:
+    """The axis the step body reduces over (gradients, loss): only shard_map and pmap write collectives."""
+    return AXIS if config.devices > 1 and config.jax_parallel in ("shard_map", "pmap") else None
+
+
+def per_replica(config: RunConfig, params: Any) -> Any:
+    """The parameters as the step differentiates them. Under shard_map, replicated parameters are marked
+    device-varying first: otherwise JAX's transpose already sums their gradient over the replicas, and the
+    explicit pmean below would count it again. (pmap has no such typing: its gradients are per replica.)"""
+    if config.devices > 1 and config.jax_parallel == "shard_map":
+        return jax.lax.pcast(params, AXIS, to="varying")
+    return params
+
+
+def reduce_across_replicas(config: RunConfig, grads: Any, loss: jax.Array, batch_stats: Any) -> tuple[Any, jax.Array, Any]:
+    """Inside a shard_map / pmap step: the global batch's mean gradient and loss; BatchNorm statistics
+    either already global (sync_bn) or replica 0's."""
+    axis = step_axis_name(config)
+    if axis is None:
+        return grads, loss, batch_stats
+    grads = jax.lax.pmean(grads, axis)
+    loss = jax.lax.pmean(loss, axis)
+    if bn_axis_name(config) is None:
+        first = jax.lax.axis_index(axis) == 0  # replica 0's, by a psum (its result is replicated by type)
+        batch_stats = jax.tree.map(lambda s: jax.lax.psum(jnp.where(first, s, jnp.zeros_like(s)), axis), batch_stats)
+    return grads, loss, batch_stats
+
+
+@dataclass
+class DataParallel:
+    config: RunConfig
+    devices: list[Any]
+    mesh: Mesh
+
+    @classmethod
+    def create(cls, config: RunConfig) -> DataParallel | None:
+        if config.devices == 1:
+            return None
+        available = jax.devices()
+        if len(available) < config.devices:
+            raise ConfigError(f"devices={config.devices} but JAX sees {len(available)} ({available[0].platform}); on a "
+                              f"CPU host set XLA_FLAGS=--xla_force_host_platform_device_count={config.devices} "
+                              f"before JAX starts (the driver does)")
+        if config.compile != "compiled":
+            raise ConfigError("JAX data parallel needs compile=compiled: sharded programs are jitted")
+        devices = available[:config.devices]
+        return cls(config, devices, Mesh(np.array(devices), (AXIS,)))
+
+    def notes(self) -> list[str]:
+        if self.config.jax_parallel == "sharding" and self.config.norm == "batch" and not self.config.sync_bn:
+            return ["jit + sharding: BatchNorm statistics are over the global batch (as SyncBatchNorm); per-replica "
+                    "statistics, as DDP has, need jax_parallel shard_map or pmap"]
+        if self.config.jax_parallel == "pmap":
+            return ["pmap: in maintenance mode since JAX 0.8 (built on jit + shard_map); sharding is the modern path"]
+        return []
+
+    def parallelize(self, step: Callable) -> Callable:
+        """The single-device step made data parallel (state, images, labels, inject) -> (state, loss)."""
+        mode = self.config.jax_parallel
+        if mode == "sharding":
+            return jax.jit(step, donate_argnums=(0,))
+        if mode == "shard_map":
+            mapped = jax.shard_map(step, mesh=self.mesh, in_specs=(P(), P(AXIS), P(AXIS), P()), out_specs=(P(), P()))
+            return jax.jit(mapped, donate_argnums=(0,))
+        return jax.pmap(step, axis_name=AXIS, in_axes=(0, 0, 0, None), donate_argnums=(0,), devices=self.devices)
+
+    def place_state(self, state: Any) -> Any:
+        if self.config.jax_parallel == "pmap":  # one copy per device along a leading axis
+            n = len(self.devices)
+            stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n, *np.shape(x))), state)
+            return jax.device_put(stacked, NamedSharding(self.mesh, P(AXIS)))
+        return jax.device_put(state, NamedSharding(self.mesh, P()))
+
+    def place_batch(self, images: Any, labels: Any) -> tuple[Any, Any]:
+        if self.config.jax_parallel == "pmap":
+            n = len(self.devices)
+            images, labels = (np.asarray(a).reshape(n, a.shape[0] // n, *a.shape[1:]) for a in (images, labels))
+        sharding = NamedSharding(self.mesh, P(AXIS))
+        return jax.device_put(images, sharding), jax.device_put(labels, sharding)
+
+    def loss_value(self, loss: jax.Array) -> jax.Array:
+        return loss[0] if self.config.jax_parallel == "pmap" else loss
+
+    def gather_state(self, state: Any) -> Any:
+        """One copy of the (replicated) state, for evaluation and checkpoints."""
+        if self.config.jax_parallel == "pmap":
+            return jax.tree.map(lambda x: x[0], state)
+        return state

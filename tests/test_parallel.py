@@ -1,0 +1,91 @@
+"""Data parallel on the frameworks' own engines equals one device on the global batch: torch DDP on 2
+gloo processes (torchrun), JAX jit + sharding, shard_map and pmap on 4 host devices. In fp64, the
+verification mode, so the comparison is free of fp32's rounding noise floor (tests/test_trainers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.errors import ConfigError
+from experiments.paired import paired_config, run_framework
+
+TOLERANCE = 1e-9
+STEPS = 10
+
+
+def _base(archive: Path, folder: Path, **changes) -> RunConfig:
+    config = RunConfig(data=str(archive), width=0.125, steps=STEPS, epochs=None, precision="fp64", eval_batches=1,
+                       timing_warmup=1, lr=0.05, **changes)
+    return paired_config(config, folder / "weights")  # every run from the same initial weights
+
+
+def _train(framework: str, config: RunConfig, path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    result = run_framework(framework, config.replace(save_weights=str(path)))
+    assert result["status"] == "ok", result.get("error")
+    weights = np.load(path)
+    return np.asarray(result["losses"]), {k: weights[k] for k in weights.files}
+
+
+def _gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    assert set(a) == set(b)
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path):
+    base = _base(cifar100_archive, tmp_path, norm="group")  # GroupNorm: per sample, so no replica statistics
+    one_loss, one = _train("torch", base.replace(batch_size=16), tmp_path / "one.npz")
+    ddp_loss, ddp = _train("torch", base.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
+    assert len(ddp_loss) == STEPS
+    assert np.abs(one_loss - ddp_loss).max() < TOLERANCE
+    assert _gap(one, ddp) < TOLERANCE
+
+
+def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_frameworks(cifar100_archive, tmp_path):
+    """DDP normalises each replica's half on its own (rank 0's running statistics are kept): not the global
+    batch. JAX's shard_map without sync_bn does the same, and the two agree with each other."""
+    base = _base(cifar100_archive, tmp_path)
+    global_loss, _ = _train("torch", base.replace(batch_size=16), tmp_path / "global.npz")
+    ddp_loss, ddp = _train("torch", base.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
+    assert np.abs(global_loss - ddp_loss).max() > 1e-4
+    jax_loss, jax_weights = _train("jax", base.replace(batch_size=8, devices=2, compile="compiled", jax_parallel="shard_map"),
+                                   tmp_path / "shard_map.npz")
+    assert np.abs(ddp_loss - jax_loss).max() < 1e-7
+    assert _gap(ddp, jax_weights) < 1e-7
+
+
+@pytest.fixture(scope="module")
+def jax_one_device(cifar100_archive, tmp_path_factory):
+    """(base config, losses, weights) of JAX on one device at the global batch of 16."""
+    folder = tmp_path_factory.mktemp("jax-one-device")
+    base = _base(cifar100_archive, folder, compile="compiled")
+    return (base, *_train("jax", base.replace(batch_size=16), folder / "one.npz"))
+
+
+@pytest.mark.parametrize("mode", ["sharding", "shard_map", "pmap"])
+def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp_path, mode):
+    # BatchNorm over the global batch: implicit under jit + sharding, sync_bn (axis_name) under shard_map / pmap.
+    base, one_loss, one = jax_one_device
+    par_loss, par = _train("jax", base.replace(batch_size=4, devices=4, jax_parallel=mode, sync_bn=mode != "sharding"),
+                           tmp_path / f"{mode}.npz")
+    assert np.abs(one_loss - par_loss).max() < TOLERANCE
+    assert _gap(one, par) < TOLERANCE
+
+
+def test_absent_devices_and_cpu_syncbatchnorm_are_named():
+    import torch
+
+    from jax_impl.parallel import DataParallel
+    from torch_impl import parallel as torch_parallel
+
+    with pytest.raises(ConfigError, match="xla_force_host_platform_device_count"):
+        DataParallel.create(RunConfig(devices=64, compile="compiled"))
+    with pytest.raises(ConfigError, match="SyncBatchNorm runs on GPUs only"):
+        torch_parallel.wrap(torch.nn.Linear(2, 2), RunConfig(sync_bn=True), torch_parallel.Replica(), torch.device("cpu"))
+    with pytest.raises(ConfigError, match="needs 2 processes"):
+        torch_parallel.start(RunConfig(devices=2))
+    with pytest.raises(ConfigError, match="sync_bn"):
+        RunConfig(norm="group", sync_bn=True)
