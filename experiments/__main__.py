@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "one technique over several values, both frameworks"),
     "diagnose": ("diagnose", "input-, compute- or overhead-bound? with the evidence"),
     "report": ("report", "markdown report + plots of a results folder"),
+    "train": ("train_cmd", "one framework's trainer in this process (the entry point under torchrun)"),
     "run": ("run_cmd", "one configuration through both frameworks, paired"),
     "parity": ("parity", "torch vs Flax on transferred weights: logits, statistics, gradients"),
     "loader-bench": ("loader_bench", "loader images/s per framework and worker count"),

@@ -19,7 +19,7 @@ if [[ "$PRESET" == "article" ]]; then
     DIAGNOSE=(--model resnet50 --width 1 --batch-size 128 --compile compiled --steps 20 --timing-warmup 5)
 else
     STEPS=${STEPS:-3}; TIMEOUT=${TIMEOUT:-600}
-    CHECKPOINTING=${CHECKPOINTING:-"none all"}; PRECISIONS=${PRECISIONS:-"fp32 bf16"}
+    CHECKPOINTING=${CHECKPOINTING:-"none all"}; PRECISIONS=${PRECISIONS:-"bf16"}
     DIAGNOSE=(--model resnet18 --width 0.125 --batch-size 16 --compile eager --steps 4 --timing-warmup 1)
 fi
 mkdir -p "$OUT"

@@ -104,6 +104,21 @@ def results_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: flo
     return "\n".join(lines)
 
 
+def scaling_table(cells: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """Throughput per replica count and scaling efficiency: images/s at N / (N x images/s at 1)."""
+    lines = ["| replicas | framework | images/s (global batch) | speedup | scaling efficiency % |", "|---|---|---|---|---|"]
+    for group in ordered_groups(cells):
+        for framework in ("torch", "jax"):
+            cell, single = cells.get((group, framework)), cells.get(("1", framework))
+            if not cell or not cell["runs"]:
+                continue
+            base = single["images_per_s"] if single and single["runs"] else float("nan")
+            speedup = cell["images_per_s"] / base
+            lines.append(f"| {group} | {framework} | {cell['images_per_s']:.0f} | {_fmt(speedup, '{:.2f}x')} "
+                         f"| {_fmt(100 * speedup / int(group), '{:.0f}')} |")
+    return "Scaling (each replica keeps the preset's batch; on a CPU the replicas share its cores):\n\n" + "\n".join(lines)
+
+
 def ladder_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: float | None) -> str:
     return results_table(cells, matmul_rate, "rung", published={k: f"{v:g}" for k, v in reference.MINUTES.items()})
 
@@ -294,6 +309,8 @@ def write_report(folder: Path, console: Any = None) -> Path:
                  "twice. Compare within a framework, not across."]
         if technique == "compile-mode":
             parts.append("jax.jit has no modes: JAX runs once, under `default`.")
+        if technique == "scaling":
+            parts.append(scaling_table(cells))
         parts.append(_notes_text(cells))
         images = []
         if cells:

@@ -75,6 +75,9 @@ SWEEPS: dict[str, Sweep] = {s.name: s for s in (
           lambda b, c: ["none", "3,4", "all"], lambda v, b, f: {"grad_checkpointing": v}),
     Sweep("precision", "compute precision (fp16 with loss scaling; params, BN statistics and loss fp32)",
           lambda b, c: ["fp32", "bf16", "fp16"], lambda v, b, f: {"precision": v}),
+    Sweep("scaling", "data-parallel replicas at a fixed per-replica batch (torch DDP processes; JAX devices, "
+          "host devices on a CPU): the global batch grows with them",
+          lambda b, c: ["1", "2", "4"], lambda v, b, f: {"devices": _int(v)}),
     Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)",
           lambda b, c: ["eager", "default", "reduce-overhead", "max-autotune"] if c else ["eager", "default"],
           _compile_mode),

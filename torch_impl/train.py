@@ -197,7 +197,7 @@ def fit(config: RunConfig) -> dict[str, Any]:
             synchronize(device)
             t2 = clock()
             if profiler is None:
-                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group))
+                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group) * replica.world_size)  # global images
             else:  # traced steps are slower: kept out of the steady-state statistics
                 profiler.step()
             if first_images is None:
