@@ -62,7 +62,8 @@ def _flops_per_step(config: dict[str, Any]) -> float:
     from common.config import RunConfig
 
     cfg = RunConfig.from_dict(config)
-    return train_step_flops(cfg.arch(100), cfg.image_size, cfg.batch_size * cfg.grad_accum_steps)
+    # the global batch: every micro-batch of every replica
+    return train_step_flops(cfg.arch(100), cfg.image_size, cfg.batch_size * cfg.grad_accum_steps * cfg.devices)
 
 
 def _fmt(value: float, pattern: str) -> str:
@@ -91,7 +92,8 @@ def results_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: flo
                 continue
             base = cells.get((groups[0], framework), {}).get("step_s", float("nan"))
             flops = _flops_per_step(cell["config"])
-            mfu = 100 * flops / cell["step_s"] / matmul_rate if matmul_rate else float("nan")
+            devices = cell["config"].get("devices", 1)  # each replica's device has the measured rate
+            mfu = 100 * flops / cell["step_s"] / (matmul_rate * devices) if matmul_rate else float("nan")
             lo, hi = cell["step_spread"]
             values = [group, framework, f"{cell['step_s'] * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f})",
                       _fmt(base / cell["step_s"], "{:.2f}x"), _fmt(cell["images_per_s"], "{:.0f}"),
