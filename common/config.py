@@ -25,6 +25,8 @@ TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotu
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")
 JAX_PARALLEL = ("sharding", "shard_map", "pmap")
+# twinrun infer's variants, in both frameworks (one that cannot run somewhere is skipped with its reason)
+INFERENCE_VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
 SCHEDULES = ("cosine", "constant")
 
 

@@ -153,10 +153,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def diagnosis_config(config: RunConfig) -> RunConfig:
     """A short run of ``config``: 12 steps unless given, one evaluation batch (accuracy is not the point)."""
-    from experiments.defaults import default_archive
+    from experiments.defaults import with_default_data
 
-    if config.data is None and config.source in ("cifar100", "cifar10"):
-        config = config.replace(data=str(default_archive(config.source)))
+    config = with_default_data(config)
     if config.steps is None:
         config = config.replace(steps=12, epochs=None)
     return config.replace(eval_batches=1, profile_steps=0, profile_dir=None)  # diagnose() adds the traced steps
@@ -165,13 +164,12 @@ def diagnosis_config(config: RunConfig) -> RunConfig:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
-
     from experiments.paired import FRAMEWORKS
+    from experiments.plan import console_for_output
 
     config = diagnosis_config(config_from_args(args))
     out = Path(args.out)
-    console = Console(width=None if Console().is_terminal else 160)
+    console = console_for_output()
     results = []
     for framework in FRAMEWORKS if args.framework == "both" else (args.framework,):
         console.print(f"[bold]diagnose[/] {framework}: runs at batch {config.batch_size} (traced) and {2 * config.batch_size} ...")

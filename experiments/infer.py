@@ -11,6 +11,7 @@ load the same weights: trained by the torch trainer for ``--train-epochs`` (defa
 from __future__ import annotations
 
 import argparse
+import importlib
 import time
 from pathlib import Path
 from typing import Any
@@ -18,25 +19,24 @@ from typing import Any
 import numpy as np
 
 from common.config import (
+    INFERENCE_VARIANTS as VARIANTS,
+)
+from common.config import (
     RunConfig,
     add_config_arguments,
     config_from_args,
     open_sources,
 )
+from common.errors import ConfigError
 from common.results import ResultStore
 from common.timing import summarize
 from common.versions import host_info
 
-VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
-
 
 def _eval_batches(config: RunConfig, batch_size: int, limit: int | None) -> list[tuple[np.ndarray, np.ndarray]]:
-    from common.data import BatchMaker, make_sampler
+    from common.data.batches import preview_batches
 
-    _, test = open_sources(config)
-    maker = BatchMaker(test, train=False, seed=config.seed)
-    batches = make_sampler(test, batch_size, config.seed, train=False).batches(0)
-    return [maker(0, indices) for indices in batches[:limit]]
+    return preview_batches(open_sources(config)[1], batch_size, config.seed, train=False, count=limit)
 
 
 def _latencies(predict: Any, images: np.ndarray, warmup: int, calls: int) -> list[float]:
@@ -52,7 +52,7 @@ def _latencies(predict: Any, images: np.ndarray, warmup: int, calls: int) -> lis
 
 def measure_variant(framework: str, name: str, config: RunConfig, weights: str | None, options: dict[str, Any]) -> dict[str, Any]:
     """One variant: build it, time batch 1 and the throughput batches, score the eval split."""
-    module = __import__(f"{framework}_impl.inference", fromlist=["build", "Unavailable"])
+    module = importlib.import_module(f"{framework}_impl.inference")
     arch = config.arch(open_sources(config)[0].num_classes)
     eval_batches = _eval_batches(config, 128, options["eval_batches"])
     calibration = [images for images, _ in _eval_batches(config.replace(seed=config.seed + 1), 32, options["calibration_batches"])]
@@ -143,15 +143,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from experiments.defaults import default_archive
+    from experiments.defaults import with_default_data
     from experiments.paired import FRAMEWORKS
     from experiments.plan import console_for_output
     from experiments.report import write_report
     from experiments.runner import run_isolated
 
     config = config_from_args(args)
-    if config.data is None and config.source in ("cifar100", "cifar10"):
-        config = config.replace(data=str(default_archive(config.source)))
+    config = with_default_data(config)
+    if args.weights and not Path(args.weights).is_file():
+        raise ConfigError(f"weights file not found: {args.weights}")
     out = Path(args.out)
     store = ResultStore(out / "runs.jsonl")
     if args.fresh:

@@ -20,7 +20,6 @@ from common.config import (
     RunConfig,
     add_config_arguments,
     config_from_args,
-    loader_options,
     open_sources,
 )
 from common.errors import ConfigError
@@ -32,20 +31,16 @@ GOAL = 1.05
 
 def _first_batches(config: RunConfig, count: int) -> list[tuple[Any, Any]]:
     """The first ``count`` training batches of epoch 0 as numpy arrays (the trainer's own first batches)."""
-    from common.data import BatchMaker, make_sampler
+    from common.data.batches import preview_batches
 
-    train, _ = open_sources(config)
-    options = loader_options(config, train=True)
-    maker = BatchMaker(train, train=True, seed=options.seed)
-    sampler = make_sampler(train, options.batch_size, options.seed, train=True, drop_last=True)
-    return [maker(0, indices) for indices in sampler.batches(0)[:count]]
+    return preview_batches(open_sources(config)[0], config.batch_size, config.seed, train=True, count=count)
 
 
 def _torch_minimal(config: RunConfig, batches: list, warmup: int, steps: int) -> tuple[list[float], float]:
     import torch
     import torch.nn.functional as F
 
-    from torch_impl.data import default_device, synchronize
+    from torch_impl.data import default_device, synchronize, to_nchw
     from torch_impl.techniques import apply_flags, autocast
     from torch_impl.train import make_model
 
@@ -54,7 +49,7 @@ def _torch_minimal(config: RunConfig, batches: list, warmup: int, steps: int) ->
     model = make_model(config, config.arch(100), device)
     forward = torch.compile(model, mode=config.torchcompile_mode) if config.compile == "compiled" else model
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    on_device = [(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous().to(device), torch.from_numpy(y).long().to(device))
+    on_device = [(to_nchw(x).to(device), torch.from_numpy(y).long().to(device))
                  for x, y in batches]
     times, losses = [], []
     for i in range(warmup + steps):
@@ -145,10 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def overhead_config(config: RunConfig, given_steps: bool) -> RunConfig:
-    from experiments.defaults import default_archive
+    from experiments.defaults import with_default_data
 
-    if config.data is None and config.source in ("cifar100", "cifar10"):
-        config = config.replace(data=str(default_archive(config.source)))
+    config = with_default_data(config)
     if not given_steps:
         config = config.replace(steps=30, epochs=None, timing_warmup=5)
     return config
@@ -157,15 +151,15 @@ def overhead_config(config: RunConfig, given_steps: bool) -> RunConfig:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
     from experiments.paired import FRAMEWORKS, paired_config
+    from experiments.plan import console_for_output
     from experiments.runner import run_isolated
 
     config = overhead_config(config_from_args(args), args.steps is not None)
     config = paired_config(config, Path(args.out) / "weights")  # one starting point for both frameworks
-    console = Console(width=None if Console().is_terminal else 160)
+    console = console_for_output()
     table = Table(title=f"trainer vs minimal loop: {config.model} width={config.width} batch={config.batch_size} "
                         f"precision={config.precision} compile={config.compile}; median of synchronized steps "
                         f"(device batch -> loss on host), goal <= {GOAL}")

@@ -38,18 +38,17 @@ def summary_row(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    from experiments.defaults import default_archive
+    from experiments.defaults import with_default_data
+    from experiments.plan import console_for_output
 
     config = config_from_args(args)
-    if config.data is None and config.source in ("cifar100", "cifar10"):
-        config = config.replace(data=str(default_archive(config.source)))
+    config = with_default_data(config)
     out = Path(args.out)
     config = paired_config(config, out / "weights")
     store = ResultStore(out / "runs.jsonl")
-    console = Console(width=None if Console().is_terminal else 180)
+    console = console_for_output()
     frameworks = FRAMEWORKS if args.framework == "both" else (args.framework,)
     rows = []
     for framework in frameworks:

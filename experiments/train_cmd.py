@@ -25,11 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from experiments.defaults import default_archive
+    from experiments.defaults import with_default_data
 
     config = config_from_args(args)
-    if config.data is None and config.source in ("cifar100", "cifar10"):
-        config = config.replace(data=str(default_archive(config.source)))
+    config = with_default_data(config)
     if args.framework == "torch":
         from torch_impl.train import fit
     else:

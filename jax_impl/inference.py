@@ -14,21 +14,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from common.arch import ResNetArch
+from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
 from jax_impl.models import BN_EPS, ResNet
 from jax_impl.models import make_model as build_resnet
-from jax_impl.train import make_model
+from jax_impl.train import make_model as make_train_model
 
 Predict = Callable[[np.ndarray], np.ndarray]
-VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
 
 
 class Unavailable(Exception):
     """A variant that cannot run here (no maintained path, no GPU): skipped, with the reason."""
 
 
-def load_variables(config: RunConfig, arch: ResNetArch, weights: str | None) -> tuple[ResNet, dict[str, Any]]:
-    return make_model(config.replace(init_weights=weights, precision="fp32", grad_checkpointing="none"), arch)
+def load_model(config: RunConfig, arch: ResNetArch, weights: str | None) -> tuple[ResNet, dict[str, Any]]:
+    """The fp32 model and its variables (torch_impl.inference.load_model's mirror; Flax keeps them apart)."""
+    return make_train_model(config.replace(init_weights=weights, precision="fp32", grad_checkpointing="none"), arch)
 
 
 def _conv_of(norm_name: str) -> str:
@@ -93,7 +94,7 @@ def _host(fn: Callable[[jax.Array], jax.Array]) -> Predict:
 def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
-    model, variables = load_variables(config, arch, weights)
+    model, variables = load_model(config, arch, weights)
     device = jax.devices()[0]
 
     def forward(images: jax.Array) -> jax.Array:

@@ -56,11 +56,11 @@ def test_torch_folding_equals_the_unfolded_model(trained):
 def test_jax_folding_equals_the_unfolded_model(trained):
     import jax
 
-    from jax_impl.inference import fold_batchnorm, load_variables
+    from jax_impl.inference import fold_batchnorm, load_model
     from jax_impl.models import make_model
 
     config, weights = trained
-    model, variables = load_variables(config, config.arch(10), weights)
+    model, variables = load_model(config, config.arch(10), weights)
     folded = make_model(config.arch(10)).clone(folded_norm=True)
     params = fold_batchnorm(variables["params"], variables["batch_stats"])
     assert "scale" not in params["layer1_0"]["bn1"] and "bias" in params["layer1_0"]["bn1"]

@@ -20,6 +20,11 @@ from common.timing import time_batches
 BatchKey = tuple[int, np.ndarray]
 
 
+def to_nchw(images: np.ndarray) -> torch.Tensor:
+    """The shared pipeline's NHWC float32 batch as torch's NCHW tensor (on the CPU)."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+
+
 class BatchDataset(Dataset):
     """``dataset[(epoch, indices)]`` -> (images NCHW float32, labels int64) for one batch."""
 
@@ -29,7 +34,7 @@ class BatchDataset(Dataset):
     def __getitem__(self, key: BatchKey) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         epoch, indices = key
         images, labels = self.maker(epoch, indices)
-        return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels.astype(np.int64))
+        return to_nchw(images), torch.from_numpy(labels.astype(np.int64))
 
 
 class EpochBatchSampler(Sampler):

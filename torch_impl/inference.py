@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from common.arch import ResNetArch
+from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
-from torch_impl.data import default_device, synchronize
+from torch_impl.data import default_device, synchronize, to_nchw
 from torch_impl.train import make_model
 
 Predict = Callable[[np.ndarray], np.ndarray]
-VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
 
 
 class Unavailable(Exception):
@@ -64,7 +64,7 @@ def export_onnx(model: torch.nn.Module, path: Path, image_size: int) -> Path:
 
 
 def _to_tensor(images: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).to(device)
+    return to_nchw(np.ascontiguousarray(images)).to(device)
 
 
 def _predictor(module: Callable[[torch.Tensor], torch.Tensor], device: torch.device) -> Predict:
@@ -102,7 +102,7 @@ def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
                                        providers=["CPUExecutionProvider"])
 
         def predict(images: np.ndarray) -> np.ndarray:
-            return session.run(["logits"], {"images": np.ascontiguousarray(images.transpose(0, 3, 1, 2))})[0]
+            return session.run(["logits"], {"images": to_nchw(np.ascontiguousarray(images)).numpy()})[0]
 
         return predict, f"ONNX (opset {_opset(folder / 'model.onnx')}) under onnxruntime {ort.__version__}, CPU provider"
     if name == "tensorrt":

@@ -50,6 +50,14 @@ def make_sampler(source: Source, batch_size: int, seed: int, train: bool, drop_l
                         rank=rank, world_size=world_size)
 
 
+def preview_batches(source: Source, batch_size: int, seed: int, train: bool, count: int | None,
+                    epoch: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first ``count`` batches of an epoch (all with None) as the loaders would make them, built in
+    this process: for benchmarks that time a model on pre-loaded batches."""
+    maker = BatchMaker(source, train=train, seed=seed)
+    return [maker(epoch, indices) for indices in make_sampler(source, batch_size, seed, train).batches(epoch)[:count]]
+
+
 T = TypeVar("T")
 
 
