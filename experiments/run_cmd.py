@@ -71,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(row["framework"], str(s["status"]), "", "", "", "", "", "", "", str(row.get("error", ""))[:200])
             continue
         accuracy = "n/a (synthetic)" if s["accuracy"] is None else f"{s['accuracy']:.3f}"
+        if s["images_per_s"] is None:  # every step was a warm-up step: nothing steady to show
+            table.add_row(row["framework"], "ok", "-", "-", "-", f"{s['first_step_s']:.2f}", str(s["recompiles"]),
+                          f"{s['final_loss']:.4f}", accuracy, f"no timed steps: steps <= timing_warmup ({config.timing_warmup})")
+            continue
         table.add_row(row["framework"], "ok", f"{s['step_ms']:.1f} ({s['step_ms_p10_p90'][0]:.1f}..{s['step_ms_p10_p90'][1]:.1f})",
                       f"{s['images_per_s']:.0f}", f"{s['data_wait_pct']:.1f}", f"{s['first_step_s']:.2f}",
                       str(s["recompiles"]), f"{s['final_loss']:.4f}", accuracy, "; ".join(row.get("notes", [])))
