@@ -76,8 +76,11 @@ class RunConfig:
     loss_scale_growth_interval: int = 2000
     # data parallel: ``devices`` replicas, each with ``batch_size`` images (global batch = batch_size * devices).
     # torch: one DDP process per device under torchrun; JAX: one process over that many local devices,
-    # by ``jax_parallel`` = sharding (jit + NamedSharding), shard_map or pmap.
+    # by ``jax_parallel`` = sharding (jit + NamedSharding), shard_map or pmap. ``processes`` > 1 spreads JAX's
+    # devices over that many processes joined by jax.distributed (devices / processes each); torch always runs
+    # one process per device, so it has no use for it.
     devices: int = 1
+    processes: int = 1
     jax_parallel: str = "sharding"
     sync_bn: bool = False  # BatchNorm statistics over the global batch (SyncBatchNorm / axis_name)
     # loader
@@ -115,7 +118,7 @@ class RunConfig:
         _one_of("optimizer", self.optimizer, OPTIMIZERS)
         _one_of("schedule", self.schedule, SCHEDULES)
         _one_of("jax_parallel", self.jax_parallel, JAX_PARALLEL)
-        for name in ("batch_size", "devices", "grad_accum_steps", "image_size", "synthetic_size", "prefetch"):
+        for name in ("batch_size", "devices", "processes", "grad_accum_steps", "image_size", "synthetic_size", "prefetch"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("workers", "device_prefetch", "read_latency_ms", "warmup_steps", "eval_every", "timing_warmup", "checkpoint_every"):
@@ -144,6 +147,12 @@ class RunConfig:
             raise ConfigError(f"profile_steps ({self.profile_steps}) must leave untraced steps of the {self.steps}")
         if self.sync_bn and self.norm != "batch":
             raise ConfigError(f"sync_bn synchronises BatchNorm statistics; norm is '{self.norm}'")
+        if self.devices % self.processes:
+            raise ConfigError(f"devices ({self.devices}) must be a multiple of processes ({self.processes}): each process "
+                              f"drives the same number of devices")
+        if self.processes > 1 and self.jax_parallel == "pmap":
+            raise ConfigError("pmap across processes is not supported here (pmap is in maintenance mode); use jax_parallel "
+                              "sharding or shard_map with processes > 1")
         if self.resume and not self.checkpoint_dir:
             raise ConfigError("resume needs checkpoint_dir")
         if self.checkpoint_every and not self.checkpoint_dir:

@@ -36,13 +36,14 @@ def paired_config(config: RunConfig, folder: Path) -> RunConfig:
 
 
 def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> dict[str, Any]:
-    env, processes = None, 1
+    env, processes, launcher = None, 1, "torchrun"
     if config.devices > 1 and framework == "torch":
         processes = config.devices  # one DDP process per device
-    elif config.devices > 1:  # one JAX process; on a CPU host, XLA is asked for that many host devices
+    elif config.devices > 1:  # JAX: ``processes`` over jax.distributed; on a CPU host, XLA gives each its devices
+        processes, launcher = config.processes, "jax.distributed"
         env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                                          f"--xla_force_host_platform_device_count={config.devices}".strip()}
+                                          f"--xla_force_host_platform_device_count={config.devices // config.processes}".strip()}
     result = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s,
-                          env=env, processes=processes)
+                          env=env, processes=processes, launcher=launcher)
     result.setdefault("framework", framework)
     return result

@@ -5,31 +5,81 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
+LAUNCHERS = ("torchrun", "jax.distributed")
+
 
 def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = None,
-                 env: dict[str, str] | None = None, processes: int = 1) -> dict[str, Any]:
-    """Runs ``experiments.worker`` for ``task`` in a subprocess (``processes`` > 1: that many, started by
-    torchrun, rank 0 answering); returns its result, or a failed result carrying the end of its error output."""
+                 env: dict[str, str] | None = None, processes: int = 1, launcher: str = "torchrun") -> dict[str, Any]:
+    """Runs ``experiments.worker`` for ``task`` in a subprocess; returns its result, or a failed result carrying
+    the end of its error output. ``processes`` > 1: that many, started by torchrun (which sets RANK and the
+    rendezvous) or, for JAX, as local processes that join one jax.distributed coordinator; process 0 answers."""
+    if launcher not in LAUNCHERS:
+        raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
     with tempfile.TemporaryDirectory(prefix="twinrun-") as folder:
         out = Path(folder) / "result.json"
         command = [sys.executable, "-m", "experiments.worker", task, json.dumps(payload), str(out)]
-        if processes > 1:  # torchrun's own launcher; --standalone picks a free local rendezvous
-            command[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m"]
         # A compile cache of its own: inductor's on-disk cache would otherwise turn a later run's
         # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation.
         run_env = {**(env if env is not None else os.environ), "TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor")}
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=run_env)
-        except subprocess.TimeoutExpired:
+        if processes > 1 and launcher == "torchrun":  # torchrun's own launcher; --standalone picks a free local rendezvous
+            command[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m"]
+        if processes > 1 and launcher == "jax.distributed":
+            coordinator = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{_free_port()}"}
+            envs = [{**run_env, **coordinator, "TWINRUN_PROCESS_ID": str(p)} for p in range(processes)]
+        else:
+            envs = [run_env]
+        returncode, tail = _run_all(command, envs, timeout_s)
+        if returncode == "timeout":
             return {"status": "failed", "error": f"timed out after {timeout_s} s"}
         if out.exists():
             return json.loads(out.read_text())
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-15:]
-        reason = "killed (out of memory?)" if proc.returncode in (-9, 137) else f"exit code {proc.returncode}"
+        reason = "killed (out of memory?)" if returncode in (-9, 137) else f"exit code {returncode}"
         return {"status": "failed", "error": f"{reason}: " + "\n".join(tail)}
+
+
+def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | None) -> tuple[int | str, list[str]]:
+    """Starts one process per environment and waits for all; the first to fail stops the others (they would
+    wait for it in a collective until JAX's heartbeat timeout). Returns the worst exit code and its error tail."""
+    with tempfile.TemporaryDirectory(prefix="twinrun-logs-") as logs:
+        procs = []
+        for index, env in enumerate(envs):
+            log = open(Path(logs) / f"{index}.log", "w+")  # noqa: SIM115 -- closed below
+            procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env), log))
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        returncode: int | str = 0
+        try:
+            while any(proc.poll() is None for proc, _ in procs):
+                failed = [proc.returncode for proc, _ in procs if proc.returncode not in (None, 0)]
+                if failed or (deadline is not None and time.monotonic() > deadline):
+                    returncode = failed[0] if failed else "timeout"
+                    break
+                time.sleep(0.05)
+        finally:
+            for proc, _ in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+        codes = [proc.returncode for proc, _ in procs]
+        if returncode == 0:
+            returncode = next((c for c in codes if c != 0), 0)
+        worst = next((i for i, c in enumerate(codes) if c not in (0, -9)), 0)
+        log = procs[worst][1]
+        log.seek(0)
+        tail = log.read().strip().splitlines()[-15:]
+        for _, handle in procs:
+            handle.close()
+        return returncode, tail
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

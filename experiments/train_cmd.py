@@ -5,13 +5,18 @@ WORLD_SIZE and LOCAL_RANK from torchrun's environment, and rank 0 writes the res
 
     torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m experiments train --framework torch --devices 16 --batch-size 128 --epochs 1 --out results/ddp
+
+With JAX, one process per machine joins through jax.distributed (SLURM and Open MPI are detected; otherwise
+name the coordinator and each process's index):
+
+    JAX_COORDINATOR_ADDRESS=HOST:1234 TWINRUN_PROCESS_ID=0 \\
+        python -m experiments train --framework jax --compile compiled --processes 2 --devices 16 ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from common.config import add_config_arguments, config_from_args
@@ -26,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from experiments.defaults import with_default_data
+    from experiments.worker import speaks_for_the_job
 
     config = config_from_args(args)
     config = with_default_data(config)
@@ -34,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from jax_impl.train import fit
     result = fit(config)
-    if os.environ.get("RANK", "0") == "0":
+    if speaks_for_the_job(result):
         path = Path(args.out) / f"{args.framework}-result.json"
         atomic_write_text(path, json.dumps({"config": config.to_dict(), **result}, default=str, indent=1))
         step = result.get("timing", {}).get("step_s", {}).get("median", float("nan"))

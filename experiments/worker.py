@@ -70,13 +70,21 @@ TASKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 }
 
 
+def speaks_for_the_job(result: dict[str, Any]) -> bool:
+    """Rank / process 0 writes the result of a run over several processes (torchrun or jax.distributed); a
+    failure before the trainer knew its place is written by any process that has one to tell."""
+    if "process_index" in result:
+        return result["process_index"] == 0
+    return os.environ.get("RANK", os.environ.get("TWINRUN_PROCESS_ID", "0")) == "0" or result.get("status") == "failed"
+
+
 def main(argv: list[str]) -> int:
     task, payload, out = argv[0], json.loads(argv[1]), Path(argv[2])
     try:
         result = TASKS[task](payload)
     except Exception as exc:  # the job failed; say why in its result instead of losing it
         result = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
+    if speaks_for_the_job(result):
         atomic_write_text(out, json.dumps(result, default=str))
     return 0
 

@@ -5,10 +5,16 @@ SyncBatchNorm). ``shard_map`` writes the per-replica program with explicit colle
 gradients; BatchNorm per replica unless ``sync_bn``). ``pmap`` is kept because the project's design names
 it, but since JAX 0.8 it is built on jit + shard_map and in maintenance mode.
 
-Per-replica BatchNorm keeps replica 0's running statistics, as DDP does by broadcasting rank 0's buffers."""
+Per-replica BatchNorm keeps replica 0's running statistics, as DDP does by broadcasting rank 0's buffers.
+
+Beyond one process (``processes`` > 1), jax.distributed joins the processes (one per machine, or several on
+one): the mesh spans every process's devices, each process loads its own slice of the global batch (the
+shared sampler's rank = process index), and the slices become one global array through
+make_array_from_process_local_data. Process 0 speaks for the run, as rank 0 does under torchrun."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +29,28 @@ from common.config import RunConfig
 from common.errors import ConfigError
 
 AXIS = "data"
+# The process's place when a launcher of ours starts it (experiments/runner.py, or by hand on several machines,
+# with JAX_COORDINATOR_ADDRESS, which JAX itself reads); unset, JAX detects SLURM, Open MPI or Kubernetes.
+PROCESS_ID_VARIABLE = "TWINRUN_PROCESS_ID"
+
+
+def start(config: RunConfig) -> None:
+    """Joins the jax.distributed run when the config spans several processes; must come before any device use."""
+    if config.processes == 1 or jax.distributed.is_initialized():
+        return
+    process_id = os.environ.get(PROCESS_ID_VARIABLE)
+    try:
+        jax.distributed.initialize(num_processes=config.processes, process_id=None if process_id is None else int(process_id))
+    except (ValueError, RuntimeError) as exc:  # no coordinator address, or JAX already started: name it
+        raise ConfigError(f"processes={config.processes}: jax.distributed could not start ({exc}); set "
+                          f"JAX_COORDINATOR_ADDRESS=host:port and {PROCESS_ID_VARIABLE}, or run under SLURM / Open MPI, "
+                          f"or let `twinrun run` launch the processes") from exc
+    if jax.process_count() != config.processes:
+        raise ConfigError(f"processes={config.processes} but jax.distributed joined {jax.process_count()}")
+
+
+def is_main_process() -> bool:
+    return jax.process_index() == 0
 
 
 def bn_axis_name(config: RunConfig) -> str | None:
@@ -70,14 +98,17 @@ class DataParallel:
     def create(cls, config: RunConfig) -> DataParallel | None:
         if config.devices == 1:
             return None
-        available = jax.devices()
-        if len(available) < config.devices:
-            raise ConfigError(f"devices={config.devices} but JAX sees {len(available)} ({available[0].platform}); on a "
-                              f"CPU host set XLA_FLAGS=--xla_force_host_platform_device_count={config.devices} "
-                              f"before JAX starts (the driver does)")
+        per_process = config.devices // config.processes
+        local = jax.local_devices()
+        if len(local) < per_process:
+            raise ConfigError(f"devices={config.devices} over {config.processes} process(es) needs {per_process} per process but "
+                              f"JAX sees {len(local)} here ({local[0].platform}); on a CPU host set "
+                              f"XLA_FLAGS=--xla_force_host_platform_device_count={per_process} before JAX starts (the driver does)")
         if config.compile != "compiled":
             raise ConfigError("JAX data parallel needs compile=compiled: sharded programs are jitted")
-        devices = available[:config.devices]
+        # Process-major order: device i holds the i-th slice of the global batch, which lies in its process's slice.
+        devices = [d for p in range(jax.process_count())
+                   for d in sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[:per_process]]
         return cls(config, devices, Mesh(np.array(devices), (AXIS,)))
 
     def notes(self) -> list[str]:
@@ -103,20 +134,31 @@ class DataParallel:
             n = len(self.devices)
             stacked = jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (n, *np.shape(x))), state)
             return jax.device_put(stacked, NamedSharding(self.mesh, P(AXIS)))
-        return jax.device_put(state, NamedSharding(self.mesh, P()))
+        replicated = NamedSharding(self.mesh, P())
+        if self.config.processes > 1:  # every process holds the same values; each fills its own devices
+            return jax.tree.map(lambda x: jax.make_array_from_callback(np.shape(x), replicated, lambda index, x=np.asarray(x): x[index]),
+                                state)
+        return jax.device_put(state, replicated)
 
     def place_batch(self, images: Any, labels: Any) -> tuple[Any, Any]:
         if self.config.jax_parallel == "pmap":
             n = len(self.devices)
             images, labels = (np.asarray(a).reshape(n, a.shape[0] // n, *a.shape[1:]) for a in (images, labels))
         sharding = NamedSharding(self.mesh, P(AXIS))
+        if self.config.processes > 1:  # this process's slice of the global batch
+            return (jax.make_array_from_process_local_data(sharding, np.asarray(images)),
+                    jax.make_array_from_process_local_data(sharding, np.asarray(labels)))
         return jax.device_put(images, sharding), jax.device_put(labels, sharding)
 
     def loss_value(self, loss: jax.Array) -> jax.Array:
-        return loss[0] if self.config.jax_parallel == "pmap" else loss
+        if self.config.jax_parallel == "pmap":
+            return loss[0]
+        return loss.addressable_data(0) if self.config.processes > 1 else loss  # a local copy of the replicated value
 
     def gather_state(self, state: Any) -> Any:
-        """One copy of the (replicated) state, for evaluation and checkpoints."""
+        """One copy of the (replicated) state, for evaluation and checkpoints: this process's own."""
         if self.config.jax_parallel == "pmap":
             return jax.tree.map(lambda x: x[0], state)
+        if self.config.processes > 1:
+            return jax.tree.map(lambda x: x.addressable_data(0), state)
         return state

@@ -178,6 +178,7 @@ def measure_xla_memory(step_fn: StepFn, state: TrainState, images: jax.Array, la
 
 def fit(config: RunConfig) -> dict[str, Any]:
     """Trains per ``config``; returns losses, timing, memory, evaluation and notes (one result row)."""
+    parallel.start(config)  # joins jax.distributed first when the run spans processes
     with jax.enable_x64(config.precision == "fp64"):
         return _fit(config)
 
@@ -187,8 +188,11 @@ def _fit(config: RunConfig) -> dict[str, Any]:
     data_parallel = parallel.DataParallel.create(config)  # None on one device
     train_source, test_source = open_sources(config)
     arch = config.arch(train_source.num_classes)
-    # One process reads the global batch (batch_size per replica, as in DDP) and lays it out over the devices.
-    train_loader = make_loader(train_source, loader_options(config.replace(batch_size=config.batch_size * config.devices), train=True))
+    # Each process reads its slice of the global batch (batch_size per replica, as in DDP): the whole of it when
+    # there is one process, and lays it out over its devices.
+    local_batch = config.batch_size * config.devices // config.processes
+    train_loader = make_loader(train_source, loader_options(config.replace(batch_size=local_batch), train=True,
+                                                            rank=jax.process_index(), world_size=config.processes))
     eval_loader = make_loader(test_source, loader_options(config, train=False))
     steps_per_epoch = len(train_loader) // config.grad_accum_steps
     if steps_per_epoch == 0:
@@ -248,7 +252,7 @@ def _fit(config: RunConfig) -> dict[str, Any]:
             value = float(jax.block_until_ready(total)) / len(group)
             t2 = clock()
             if profiler is None:
-                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group))
+                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group) * config.processes)  # global images
             else:  # traced steps are slower: kept out of the steady-state statistics
                 profiler.step()
             if first_batch is None:
@@ -263,7 +267,8 @@ def _fit(config: RunConfig) -> dict[str, Any]:
                 status = "diverged"
                 break
             if config.checkpoint_every and step % config.checkpoint_every == 0:
-                saved = data_parallel.gather_state(state) if data_parallel is not None else state
+                # Orbax writes a replicated global array once, from process 0, when every process calls save.
+                saved = data_parallel.gather_state(state) if data_parallel is not None and config.processes == 1 else state
                 ckpt.save(config.checkpoint_dir, step, saved)  # type: ignore[arg-type]
             if config.fail_after_step == step:
                 os._exit(9)  # test hook: die like a killed process, no clean-up
@@ -291,13 +296,15 @@ def _fit(config: RunConfig) -> dict[str, Any]:
             memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, state, *first_batch)
             if config.compile == "compiled":  # op by op there is no whole-step program to analyse
                 memory.update(measure_xla_memory(step_fn, state, *first_batch))
-        stats = jax.devices()[0].memory_stats() or {}
+        stats = jax.local_devices()[0].memory_stats() or {}
         if "peak_bytes_in_use" in stats:
             memory["peak_allocated_bytes"] = int(stats["peak_bytes_in_use"])
     result["memory"] = memory
     result["synthetic_data"] = train_source.synthetic
     result["replicas"] = config.devices
-    if config.save_weights and status == "ok":
+    result["processes"] = config.processes
+    result["process_index"] = jax.process_index()  # process 0 speaks for the run
+    if config.save_weights and status == "ok" and parallel.is_main_process():
         from common.weights import flax_to_torch, save_torch_keyed
 
         save_torch_keyed(config.save_weights, flax_to_torch({"params": state.params, "batch_stats": state.batch_stats}))

@@ -4,6 +4,9 @@ verification mode, so the comparison is free of fp32's rounding noise floor (tes
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +78,24 @@ def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp
     assert _gap(one, par) < TOLERANCE
 
 
+def test_jax_on_two_processes_equals_one_device_and_resumes_after_a_kill(jax_one_device, tmp_path):
+    """jax.distributed on localhost: 2 processes with 2 host devices each, every process loading its own half
+    of the global batch. Killed after step 7 (checkpoint at 6), the rerun resumes and ends where one device does."""
+    base, one_loss, one = jax_one_device
+    spread = base.replace(batch_size=4, devices=4, processes=2)
+    par_loss, par = _train("jax", spread, tmp_path / "two-processes.npz")
+    assert np.abs(one_loss - par_loss).max() < TOLERANCE
+    assert _gap(one, par) < TOLERANCE
+
+    resumable = spread.replace(checkpoint_dir=str(tmp_path / "checkpoints"), checkpoint_every=3)
+    killed = run_framework("jax", resumable.replace(fail_after_step=7))
+    assert killed["status"] == "failed" and "exit code 9" in killed["error"]
+    resumed_loss, resumed = _train("jax", resumable.replace(resume=True), tmp_path / "resumed.npz")
+    assert len(resumed_loss) == STEPS - 6
+    assert np.abs(one_loss[6:] - resumed_loss).max() < TOLERANCE
+    assert _gap(one, resumed) < TOLERANCE
+
+
 def test_absent_devices_and_cpu_syncbatchnorm_are_named():
     import torch
 
@@ -89,3 +110,16 @@ def test_absent_devices_and_cpu_syncbatchnorm_are_named():
         torch_parallel.start(RunConfig(devices=2))
     with pytest.raises(ConfigError, match="sync_bn"):
         RunConfig(norm="group", sync_bn=True)
+    with pytest.raises(ConfigError, match="multiple of processes"):
+        RunConfig(devices=3, processes=2)
+    with pytest.raises(ConfigError, match="pmap across processes"):
+        RunConfig(devices=2, processes=2, jax_parallel="pmap")
+
+
+def test_jax_processes_without_a_coordinator_are_named(cifar100_archive, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COORDINATOR_ADDRESS", "TWINRUN_PROCESS_ID")}
+    proc = subprocess.run([sys.executable, "-m", "experiments", "train", "--framework", "jax", "--data", str(cifar100_archive),
+                           "--devices", "2", "--processes", "2", "--compile", "compiled", "--steps", "1",
+                           "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0
+    assert "jax.distributed could not start" in proc.stderr and "JAX_COORDINATOR_ADDRESS" in proc.stderr

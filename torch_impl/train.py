@@ -142,6 +142,8 @@ def fit(config: RunConfig) -> dict[str, Any]:
     replica = parallel.start(config)  # one process, or one DDP replica under torchrun
     device = parallel.device_for(replica)
     notes = apply_flags(config, device)
+    if config.processes > 1:
+        notes.append(f"processes={config.processes}: no effect on torch, which runs one DDP process per device")
     train_source, test_source = open_sources(config)
     arch = config.arch(train_source.num_classes)
     train_loader = make_loader(train_source, loader_options(config, train=True, rank=replica.rank, world_size=replica.world_size))
@@ -225,6 +227,7 @@ def fit(config: RunConfig) -> dict[str, Any]:
                               "notes": notes, "device": str(device), "torch": torch.__version__,
                               "final_lr": scheduler.get_last_lr()[0]}
     result["replicas"] = replica.world_size
+    result["process_index"] = replica.rank  # rank 0 speaks for the run
     if status == "ok" and replica.is_main:
         final = evaluate(config, model, eval_loader, device)
         evals.append({"step": step, **final})
