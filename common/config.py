@@ -25,6 +25,7 @@ TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotu
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")
 JAX_PARALLEL = ("sharding", "shard_map", "pmap")
+PIPELINE_SPLIT_STAGE = 3  # stem + layer1..2 | layer3..4 + classifier
 # twinrun infer's variants, in both frameworks (one that cannot run somewhere is skipped with its reason)
 INFERENCE_VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
 SCHEDULES = ("cosine", "constant")
@@ -83,6 +84,10 @@ class RunConfig:
     processes: int = 1
     jax_parallel: str = "sharding"
     sync_bn: bool = False  # BatchNorm statistics over the global batch (SyncBatchNorm / axis_name)
+    # pipeline parallel: 2 = the ResNet cut before stage ``PIPELINE_SPLIT_STAGE`` into two stages on two devices
+    # (torch: two processes, torch.distributed.pipelining; JAX: shard_map + ppermute), GPipe over micro-batches
+    pipeline_stages: int = 1
+    pipeline_micro_batches: int = 4
     # loader
     workers: int = 0
     prefetch: int = 2
@@ -147,6 +152,10 @@ class RunConfig:
             raise ConfigError(f"profile_steps ({self.profile_steps}) must leave untraced steps of the {self.steps}")
         if self.sync_bn and self.norm != "batch":
             raise ConfigError(f"sync_bn synchronises BatchNorm statistics; norm is '{self.norm}'")
+        if self.pipeline_stages not in (1, 2):
+            raise ConfigError(f"pipeline_stages must be 1 or 2, got {self.pipeline_stages}")
+        if self.pipeline_stages > 1:
+            self._check_pipeline()
         if self.devices % self.processes:
             raise ConfigError(f"devices ({self.devices}) must be a multiple of processes ({self.processes}): each process "
                               f"drives the same number of devices")
@@ -158,6 +167,22 @@ class RunConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError("checkpoint_every needs checkpoint_dir")
         self.checkpoint_stages  # validates the grad_checkpointing text
+
+    def _check_pipeline(self) -> None:
+        """What the 2-stage pipeline does not combine with, each named (it is built on its own, GPipe only)."""
+        m = self.pipeline_micro_batches
+        if m <= 0 or self.batch_size % m:
+            raise ConfigError(f"pipeline_micro_batches ({m}) must be positive and divide batch_size ({self.batch_size})")
+        clashes = {"devices > 1 (pipeline and data parallel together are not built)": self.devices > 1,
+                   "grad_accum_steps > 1 (the micro-batches are the pipeline's own)": self.grad_accum_steps > 1,
+                   "grad_checkpointing": bool(self.checkpoint_stages),
+                   "precision fp16 (no loss scaler across stages)": self.precision == "fp16",
+                   "checkpoint_every / resume (each process holds only its stage's optimizer state)":
+                       bool(self.checkpoint_every or self.resume),
+                   "profile_steps": self.profile_steps > 0}
+        named = [name for name, clash in clashes.items() if clash]
+        if named:
+            raise ConfigError(f"pipeline_stages=2 does not combine with {', '.join(named)}")
 
     @property
     def checkpoint_stages(self) -> tuple[int, ...]:

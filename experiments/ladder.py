@@ -71,6 +71,14 @@ def rung_config(rung: Rung, base: RunConfig, framework: str, cuda: bool, workers
     return base.replace(**changes)
 
 
+def skip_reason(config: RunConfig, framework: str) -> str | None:
+    """Over several devices, JAX's op-by-op rungs are not run: JAX data parallel is a jitted program (op by op
+    on sharded arrays stalled XLA:CPU here), so JAX's ladder starts at the compile rung."""
+    if framework == "jax" and config.devices > 1 and config.compile != "compiled":
+        return f"JAX data parallel is jitted: op by op on {config.devices} devices is not run (see the compile rung)"
+    return None
+
+
 def _cuda_available() -> bool:
     try:
         import torch
@@ -105,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
                     key=f"ladder/{rung.name}/{framework}/r{repeat}", framework=framework, config=config,
                     label=f"{rung.name:>8} {framework:<5} repeat {repeat + 1}/{args.repeats}",
                     fields={"command": "ladder", "rung": rung.name, "rung_index": index, "repeat": repeat,
-                            "preset": args.preset}))
+                            "preset": args.preset}, skip_reason=skip_reason(config, framework)))
     console = console_for_output()
     execute(plan, store, "ladder", args.timeout, console)
     report = write_report(out, console=console)

@@ -37,7 +37,12 @@ def paired_config(config: RunConfig, folder: Path) -> RunConfig:
 
 def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> dict[str, Any]:
     env, processes, launcher = None, 1, "torchrun"
-    if config.devices > 1 and framework == "torch":
+    if config.pipeline_stages > 1 and framework == "torch":
+        processes = config.pipeline_stages  # one process per stage
+    elif config.pipeline_stages > 1:  # one JAX process over a device per stage
+        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
+                                          f"--xla_force_host_platform_device_count={config.pipeline_stages}".strip()}
+    elif config.devices > 1 and framework == "torch":
         processes = config.devices  # one DDP process per device
     elif config.devices > 1:  # JAX: ``processes`` over jax.distributed; on a CPU host, XLA gives each its devices
         processes, launcher = config.processes, "jax.distributed"

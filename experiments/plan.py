@@ -22,6 +22,7 @@ class PlannedRun:
     config: RunConfig
     label: str  # shown in the progress display
     fields: dict[str, Any] = field(default_factory=dict)  # extra row columns (rung, sweep value, repeat, ...)
+    skip_reason: str | None = None  # recorded as a "skipped" row, not run (a combination the engines lack)
 
 
 def add_plan_arguments(parser: Any, default_name: str) -> None:
@@ -37,6 +38,9 @@ def add_plan_arguments(parser: Any, default_name: str) -> None:
     parser.add_argument("--results", default="results")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows and start over")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one run")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices)")
+    parser.add_argument("--processes", type=int, default=1, help="JAX processes the devices are spread over (jax.distributed)")
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,7 @@ def prepare(args: Any, default_name: str) -> Prepared:
     preset = dict(PRESETS[args.preset])
     if args.steps is not None:
         preset["steps"] = args.steps
+    preset.update(devices=args.devices, processes=args.processes)
     base = RunConfig(data=args.data or str(default_archive("cifar100")), **preset)
     out = Path(args.results) / (args.name or default_name)
     store = ResultStore(out / "runs.jsonl")
@@ -84,11 +89,14 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
                 continue
             progress.update(task, description=job.label)
             started = time.time()
-            result = run_framework(job.framework, job.config, timeout_s)
+            if job.skip_reason:
+                result = {"status": "skipped", "error": job.skip_reason}
+            else:
+                result = run_framework(job.framework, job.config, timeout_s)
             row = {"key": job.key, **job.fields, "framework": job.framework, "config": job.config.to_dict(),
                    "host": host_info(), "wall_s": time.time() - started,
                    **{k: v for k, v in result.items() if k != "traceback"}}
             store.add(row)
-            if row["status"] != "ok":
+            if row["status"] not in ("ok", "skipped"):
                 progress.console.print(f"[red]{job.key} {row['status']}[/]: {str(row.get('error', ''))[:300]}")
             progress.advance(task)

@@ -28,6 +28,7 @@ def aggregate(rows: list[dict[str, Any]], command: str, group_field: str, order_
             cell["runs"].append(row)
         else:
             cell["failed"] += 1
+            cell["skipped"] = cell.get("skipped", 0) + (row.get("status") == "skipped")
             cell.setdefault("errors", []).append(str(row.get("error", row.get("status")))[:120])
     for cell in cells.values():
         runs = cell["runs"]
@@ -87,7 +88,8 @@ def results_table(cells: dict[tuple[str, str], dict[str, Any]], matmul_rate: flo
                 continue
             reference_cell = (published or {}).get(group, "") if framework == "torch" else ""
             if not cell["runs"]:
-                failed = f"failed ({cell['failed']} runs): {'; '.join(cell.get('errors', []))[:150]}"
+                what = "skipped" if cell.get("skipped") == cell["failed"] else f"failed ({cell['failed']} runs)"
+                failed = f"{what}: {'; '.join(sorted(set(cell.get('errors', []))))[:150]}"
                 lines.append(f"| {group} | {framework} | {failed} |" + " |" * (len(columns) - 3))
                 continue
             base = cells.get((groups[0], framework), {}).get("step_s", float("nan"))

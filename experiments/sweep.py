@@ -78,6 +78,9 @@ SWEEPS: dict[str, Sweep] = {s.name: s for s in (
     Sweep("scaling", "data-parallel replicas at a fixed per-replica batch (torch DDP processes; JAX devices, "
           "host devices on a CPU): the global batch grows with them",
           lambda b, c: ["1", "2", "4"], lambda v, b, f: {"devices": _int(v)}),
+    Sweep("pipeline", "pipeline stages at a fixed batch (2: GPipe over pipeline_micro_batches; torch processes, "
+          "JAX devices, host devices on a CPU)",
+          lambda b, c: ["1", "2"], lambda v, b, f: {"pipeline_stages": _int(v)}),
     Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)",
           lambda b, c: ["eager", "default", "reduce-overhead", "max-autotune"] if c else ["eager", "default"],
           _compile_mode),

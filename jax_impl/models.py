@@ -173,6 +173,10 @@ class ResNet(nn.Module):
     checkpoint_policy: str = "nothing_saveable"
     bn_axis_name: str | None = None
     folded_norm: bool = False  # inference: every BatchNorm folded into its convolution (jax_impl/inference.py)
+    # Pipeline stages (jax_impl/pipeline.py): "front" = stem and the stages before ``split_stage`` (images in,
+    # activations out), "back" = the rest and the classifier. Parameter names are the whole model's.
+    part: str = "all"
+    split_stage: int = 3
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool = False) -> jax.Array:
@@ -180,6 +184,25 @@ class ResNet(nn.Module):
         norm = "folded" if self.folded_norm else arch.norm
         options = dict(norm=norm, train=train, dtype=self.dtype, bn_axis_name=self.bn_axis_name)
         x = x.astype(self.dtype)
+        if self.part != "back":
+            x = self._stem(x, norm, train)
+        plain = BasicBlock if arch.block == "basic" else Bottleneck
+        policy = getattr(jax.checkpoint_policies, self.checkpoint_policy)
+        remat = nn.remat(plain, policy=policy)
+        for spec in arch.blocks:
+            if (self.part == "front" and spec.stage >= self.split_stage) or (self.part == "back" and spec.stage < self.split_stage):
+                continue
+            block_cls = remat if spec.stage in self.checkpoint_stages else plain
+            x = block_cls(spec=spec, zero_init_residual=arch.zero_init_residual, name=spec.flax_name, **options)(x)
+        if self.part == "front":
+            return x
+        x = jnp.mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=(1, 2)).astype(self.dtype)
+        # The classifier runs in the compute dtype, as under torch autocast; the loss casts logits to fp32.
+        return nn.Dense(arch.num_classes, kernel_init=dense_kernel_init, bias_init=dense_bias_init(arch.feature_channels),
+                        dtype=self.dtype, param_dtype=jnp.float32, name="fc")(x)
+
+    def _stem(self, x: jax.Array, norm: str, train: bool) -> jax.Array:
+        arch = self.arch
         if arch.stem == "cifar":
             x = nn.Conv(arch.stem_channels, (3, 3), padding=((1, 1), (1, 1)), use_bias=False, kernel_init=conv_init,
                         dtype=self.dtype, param_dtype=jnp.float32, name="conv1")(x)
@@ -189,16 +212,7 @@ class ResNet(nn.Module):
         x = nn.relu(_norm(norm, train, self.dtype, self.bn_axis_name, "bn1")(x))
         if arch.stem == "imagenet":
             x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
-        plain = BasicBlock if arch.block == "basic" else Bottleneck
-        policy = getattr(jax.checkpoint_policies, self.checkpoint_policy)
-        remat = nn.remat(plain, policy=policy)
-        for spec in arch.blocks:
-            block_cls = remat if spec.stage in self.checkpoint_stages else plain
-            x = block_cls(spec=spec, zero_init_residual=arch.zero_init_residual, name=spec.flax_name, **options)(x)
-        x = jnp.mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=(1, 2)).astype(self.dtype)
-        # The classifier runs in the compute dtype, as under torch autocast; the loss casts logits to fp32.
-        return nn.Dense(arch.num_classes, kernel_init=dense_kernel_init, bias_init=dense_bias_init(arch.feature_channels),
-                        dtype=self.dtype, param_dtype=jnp.float32, name="fc")(x)
+        return x
 
 
 def _norm(kind: str, train: bool, dtype: Any, axis_name: str | None, name: str) -> nn.Module:

@@ -21,7 +21,7 @@ from common.metrics import is_diverged
 from common.timing import StepTimer
 from common.weights import load_torch_keyed, torch_to_flax
 from jax_impl import checkpoint as ckpt
-from jax_impl import parallel
+from jax_impl import parallel, pipeline
 from jax_impl.data import make_loader
 from jax_impl.models import ResNet, init_variables
 from jax_impl.models import make_model as build_resnet
@@ -203,7 +203,14 @@ def _fit(config: RunConfig) -> dict[str, Any]:
     tx = make_optimizer(config, total_steps)
     state = TrainState(variables["params"], variables.get("batch_stats", {}), tx.init(variables["params"]),
                        LossScale.create(config))
-    step_fn = make_train_step(config, model, tx, arch.num_classes)
+    if config.pipeline_stages > 1:
+        mesh = pipeline.make_mesh(config)
+        step_fn = pipeline.make_train_step(config, model, tx, mesh, lambda logits, labels: loss_fn(config, logits, labels, arch.num_classes),
+                                           TrainState)
+        notes.append(f"pipeline: {pipeline.STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches "
+                     f"(shard_map + ppermute)")
+    else:
+        step_fn = make_train_step(config, model, tx, arch.num_classes)
     if data_parallel is not None:
         step_fn = data_parallel.parallelize(step_fn)
         notes += data_parallel.notes()
@@ -216,6 +223,8 @@ def _fit(config: RunConfig) -> dict[str, Any]:
 
     if data_parallel is not None:
         state = data_parallel.place_state(state)
+    if config.pipeline_stages > 1:
+        state = pipeline.place(mesh, state)
     timer = StepTimer(config.timing_warmup)
     losses: list[float] = []
     loss_scales: list[float] = []

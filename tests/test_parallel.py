@@ -38,10 +38,13 @@ def _gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
-def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path):
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path, accumulation):
+    """With accumulation, DDP skips the all-reduce (no_sync) on all but the last micro-batch: still equal."""
     base = _base(cifar100_archive, tmp_path, norm="group")  # GroupNorm: per sample, so no replica statistics
     one_loss, one = _train("torch", base.replace(batch_size=16), tmp_path / "one.npz")
-    ddp_loss, ddp = _train("torch", base.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
+    ddp_loss, ddp = _train("torch", base.replace(batch_size=8 // accumulation, devices=2, grad_accum_steps=accumulation),
+                           tmp_path / "ddp.npz")
     assert len(ddp_loss) == STEPS
     assert np.abs(one_loss - ddp_loss).max() < TOLERANCE
     assert _gap(one, ddp) < TOLERANCE

@@ -40,9 +40,10 @@ def from_environment() -> Replica:
 def start(config: RunConfig) -> Replica:
     """Joins the process group torchrun set up; checks that it has the size the config asks for."""
     replica = from_environment()
-    if replica.world_size != config.devices:
-        raise ConfigError(f"devices={config.devices} needs {config.devices} processes (torchrun --nproc-per-node "
-                          f"{config.devices}); this one sees WORLD_SIZE={replica.world_size}")
+    wanted = config.devices * config.pipeline_stages  # a process per data-parallel replica, or per pipeline stage
+    if replica.world_size != wanted:
+        raise ConfigError(f"devices={config.devices}, pipeline_stages={config.pipeline_stages} needs {wanted} processes "
+                          f"(torchrun --nproc-per-node {wanted}); this one sees WORLD_SIZE={replica.world_size}")
     if replica.distributed and not dist.is_initialized():
         cuda = torch.cuda.is_available()
         if cuda:
@@ -62,7 +63,7 @@ def wrap(model: torch.nn.Module, config: RunConfig, replica: Replica, device: to
     if config.sync_bn and device.type != "cuda":
         raise ConfigError("sync_bn: torch's SyncBatchNorm runs on GPUs only (it raises on CPU tensors); "
                           "on CPU, JAX's axis_name BatchNorm is the cross-replica variant")
-    if not replica.distributed:
+    if not replica.distributed or config.pipeline_stages > 1:  # pipeline stages are not replicas
         return model
     if config.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)

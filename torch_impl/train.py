@@ -19,7 +19,7 @@ from common.metrics import is_diverged
 from common.timing import StepTimer
 from common.weights import load_torch_keyed
 from torch_impl import checkpoint as ckpt
-from torch_impl import parallel
+from torch_impl import parallel, pipeline
 from torch_impl.data import make_loader, synchronize
 from torch_impl.models import ResNet
 from torch_impl.models import make_model as build_resnet
@@ -146,7 +146,10 @@ def fit(config: RunConfig) -> dict[str, Any]:
         notes.append(f"processes={config.processes}: no effect on torch, which runs one DDP process per device")
     train_source, test_source = open_sources(config)
     arch = config.arch(train_source.num_classes)
-    train_loader = make_loader(train_source, loader_options(config, train=True, rank=replica.rank, world_size=replica.world_size))
+    # Data-parallel replicas read their slices of the global batch; pipeline stages all read the whole batch
+    # (the first stage uses the images, the last the labels).
+    data_rank, data_world = (0, 1) if config.pipeline_stages > 1 else (replica.rank, replica.world_size)
+    train_loader = make_loader(train_source, loader_options(config, train=True, rank=data_rank, world_size=data_world))
     eval_loader = make_loader(test_source, loader_options(config, train=False))
     steps_per_epoch = len(train_loader) // config.grad_accum_steps
     if steps_per_epoch == 0:
@@ -156,7 +159,18 @@ def fit(config: RunConfig) -> dict[str, Any]:
     model = make_model(config, arch, device)
     optimizer, scheduler = make_optimizer(config, model, total_steps)
     scaler = make_grad_scaler(config, device)
-    step_fn = make_train_step(config, parallel.wrap(model, config, replica, device), optimizer, scheduler, scaler, device)
+    if config.pipeline_stages > 1:
+        pipeline.check(replica)
+        step_fn = pipeline.make_train_step(config, model, optimizer, scheduler, replica, device,
+                                           lambda logits, labels: loss_fn(config, logits, labels))
+        notes.append(f"pipeline: {pipeline.STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches "
+                     f"(torch.distributed.pipelining)")
+    else:
+        step_fn = make_train_step(config, parallel.wrap(model, config, replica, device), optimizer, scheduler, scaler, device)
+
+    def whole_model_on_rank_0() -> None:
+        if config.pipeline_stages > 1:
+            pipeline.gather_to_first(model, replica)
 
     start = 0
     if config.resume and config.checkpoint_dir and (path := ckpt.latest(config.checkpoint_dir)):
@@ -199,7 +213,7 @@ def fit(config: RunConfig) -> dict[str, Any]:
             synchronize(device)
             t2 = clock()
             if profiler is None:
-                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group) * replica.world_size)  # global images
+                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group) * data_world)  # global images
             else:  # traced steps are slower: kept out of the steady-state statistics
                 profiler.step()
             if first_images is None:
@@ -216,17 +230,21 @@ def fit(config: RunConfig) -> dict[str, Any]:
                     "scaler": scaler.state_dict(), "rng": torch.get_rng_state()})
             if config.fail_after_step == step:
                 os._exit(9)  # test hook: die like a killed process, no clean-up
+            if config.eval_every and step % config.eval_every == 0 and step < total_steps:
+                whole_model_on_rank_0()
             if config.eval_every and step % config.eval_every == 0 and step < total_steps and replica.is_main:
                 evals.append({"step": step, **evaluate(config, model, eval_loader, device)})
 
     profile = profiler.stop() if profiler is not None else None
+    if status == "ok":
+        whole_model_on_rank_0()
     result: dict[str, Any] = {"framework": "torch", "status": status, "steps_done": step, "start_step": start,
                               "losses": losses, "loss_scales": loss_scales, "timing": timer.summary(),
                               "recompiles": max(compile_counter() - compiles_before - 1, 0) if config.compile == "compiled" else 0,
                               "graphs_compiled": compile_counter() - compiles_before,
                               "notes": notes, "device": str(device), "torch": torch.__version__,
                               "final_lr": scheduler.get_last_lr()[0]}
-    result["replicas"] = replica.world_size
+    result["replicas"] = data_world
     result["process_index"] = replica.rank  # rank 0 speaks for the run
     if status == "ok" and replica.is_main:
         final = evaluate(config, model, eval_loader, device)

@@ -1,0 +1,53 @@
+"""The driver beyond one device: the scaling sweep's throughput and efficiency table, the pipeline sweep's
+plan, and the ladder over 2 replicas (JAX's op-by-op rungs recorded as skipped, with the reason)."""
+
+from __future__ import annotations
+
+import json
+
+from common.config import RunConfig
+from experiments.__main__ import main
+from experiments.sweep import SWEEPS, sweep_plan
+
+
+def _rows(folder, command: str) -> list[dict]:
+    rows = [json.loads(line) for line in (folder / "runs.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("command") == command]
+
+
+def test_scaling_sweep_reports_throughput_and_efficiency_per_replica_count(cifar100_archive, tmp_path):
+    code = main(["sweep", "scaling", "--preset", "tiny", "--values", "1", "2", "--repeats", "1", "--data", str(cifar100_archive),
+                 "--results", str(tmp_path), "--name", "scaling"])
+    assert code == 0
+    rows = _rows(tmp_path / "scaling", "sweep")
+    assert sorted((r["value"], r["framework"], r["status"], r["replicas"]) for r in rows) == [
+        ("1", "jax", "ok", 1), ("1", "torch", "ok", 1), ("2", "jax", "ok", 2), ("2", "torch", "ok", 2)]
+    rate = {(r["value"], r["framework"]): r["timing"]["images_per_s"] for r in rows}  # global images per second
+    report = (tmp_path / "scaling" / "report.md").read_text()
+    table = report[report.index("| replicas | framework | images/s"):].split("\n\n")[0].splitlines()[2:]
+    cells = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line.strip("|").split("|") for line in table}
+    for framework in ("torch", "jax"):  # efficiency = images/s at 2 / (2 x images/s at 1)
+        expected = 100 * rate["2", framework] / (2 * rate["1", framework])
+        assert float(cells["2", framework][4]) == round(expected)
+        assert float(cells["1", framework][4]) == 100
+
+
+def test_pipeline_sweep_plans_one_and_two_stages_at_the_same_batch():
+    base = RunConfig(batch_size=64, steps=4, epochs=None)
+    plan = sweep_plan(SWEEPS["pipeline"], ["1", "2"], base, ("torch", "jax"), repeats=1, preset="cpu")
+    assert sorted((p.fields["value"], p.framework, p.config.pipeline_stages, p.config.batch_size) for p in plan) == [
+        ("1", "jax", 1, 64), ("1", "torch", 1, 64), ("2", "jax", 2, 64), ("2", "torch", 2, 64)]
+
+
+def test_ladder_over_two_replicas_names_the_jax_rungs_it_skips(cifar100_archive, tmp_path):
+    # JAX only: torch's rungs need nothing new (DDP through the same runner as the scaling sweep above), and
+    # torch.compile in 2 DDP processes on 2 cores costs a minute.
+    code = main(["ladder", "--preset", "tiny", "--devices", "2", "--repeats", "1", "--workers", "0", "--framework", "jax",
+                 "--data", str(cifar100_archive), "--results", str(tmp_path), "--name", "ladder"])
+    assert code == 0
+    rows = {(r["rung"], r["framework"]): r for r in _rows(tmp_path / "ladder", "ladder")}
+    assert len(rows) == 5
+    for rung in ("baseline", "loader", "flags", "amp"):
+        assert rows[rung, "jax"]["status"] == "skipped" and "op by op" in rows[rung, "jax"]["error"]
+    assert rows["compile", "jax"]["status"] == "ok" and rows["compile", "jax"]["replicas"] == 2
+    assert "skipped: JAX data parallel is jitted" in (tmp_path / "ladder" / "report.md").read_text()

@@ -1,0 +1,79 @@
+"""Pipeline parallel on the torch side: the ResNet cut into 2 stages (stem + layer1..2 | layer3..4 + classifier),
+one per process under torchrun, run by torch.distributed.pipelining (PipelineStage + ScheduleGPipe over
+micro-batches). jax_impl/pipeline.py mirrors it with shard_map + ppermute.
+
+Every process builds the whole model from the same weights and trains its own stage (its optimizer sees
+gradients on that stage's parameters only). The last stage computes the loss; the schedule scales the summed
+micro-batch gradients by 1/micro-batches, so a step equals gradient accumulation over the same micro-batches
+on the unsplit model (and, with GroupNorm, the whole batch). Evaluation and the saved weights need the whole
+model: ``gather_to_first`` sends the second stage's tensors to rank 0."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+from common.config import PIPELINE_SPLIT_STAGE, RunConfig
+from common.errors import ConfigError
+from torch_impl.models import ResNet
+from torch_impl.parallel import Replica
+
+STAGES = 2
+
+StepFn = Callable[[list[tuple[torch.Tensor, torch.Tensor]], bool], torch.Tensor]
+
+
+def stage_modules(model: ResNet) -> list[nn.Sequential]:
+    """The two halves of ``model``, sharing its modules (and so its parameters)."""
+    layers = dict(model.stages())
+    front = nn.Sequential(model.conv1, model.bn1, model.relu, model.maxpool,
+                          *(layer for stage, layer in layers.items() if stage < PIPELINE_SPLIT_STAGE))
+    back = nn.Sequential(*(layer for stage, layer in layers.items() if stage >= PIPELINE_SPLIT_STAGE),
+                         model.avgpool, nn.Flatten(1), model.fc)
+    return [front, back]
+
+
+def check(replica: Replica) -> None:
+    if replica.world_size != STAGES:
+        raise ConfigError(f"pipeline_stages={STAGES} needs {STAGES} processes (torchrun --nproc-per-node {STAGES}); "
+                          f"this one sees WORLD_SIZE={replica.world_size}")
+
+
+def make_train_step(config: RunConfig, model: ResNet, optimizer, scheduler, replica: Replica, device: torch.device,
+                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> StepFn:
+    """The trainer's step (micro_batches, inject_inf) -> mean micro-batch loss, the same value on every rank.
+    The trainer's one "micro-batch" is the whole batch; the schedule cuts it into the pipeline's own."""
+    module = stage_modules(model)[replica.rank]
+    if config.compile == "compiled":
+        module = torch.compile(module, mode=config.torchcompile_mode)
+    stage = PipelineStage(module, replica.rank, STAGES, device)
+    schedule = ScheduleGPipe(stage, n_microbatches=config.pipeline_micro_batches, loss_fn=loss_fn, scale_grads=True)
+    last = replica.rank == STAGES - 1
+
+    def step(micro_batches: list[tuple[torch.Tensor, torch.Tensor]], inject_inf: bool = False) -> torch.Tensor:
+        (images, labels), = micro_batches
+        optimizer.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        if last:
+            schedule.step(target=labels, losses=losses)
+        else:
+            schedule.step(images)
+        optimizer.step()  # parameters without a gradient (the other stage's) are left alone
+        scheduler.step()
+        loss = torch.stack(losses).mean().detach() if last else torch.zeros((), dtype=images.dtype, device=device)
+        dist.broadcast(loss, src=STAGES - 1)
+        return loss
+
+    return step
+
+
+def gather_to_first(model: ResNet, replica: Replica) -> None:
+    """Rank 0 receives the second stage's parameters and buffers (BatchNorm statistics), so that it holds the
+    whole trained model; every rank must call it."""
+    with torch.no_grad():
+        for tensor in stage_modules(model)[1].state_dict().values():
+            dist.broadcast(tensor, src=1)
