@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import train, weight_gap
 
 from common.config import RunConfig
 from common.errors import ConfigError
@@ -26,41 +27,29 @@ def _base(archive: Path, folder: Path, **changes) -> RunConfig:
     return paired_config(config, folder / "weights")  # every run from the same initial weights
 
 
-def _train(framework: str, config: RunConfig, path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    result = run_framework(framework, config.replace(save_weights=str(path)))
-    assert result["status"] == "ok", result.get("error")
-    weights = np.load(path)
-    return np.asarray(result["losses"]), {k: weights[k] for k in weights.files}
-
-
-def _gap(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
-    assert set(a) == set(b)
-    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
-
-
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path, accumulation):
     """With accumulation, DDP skips the all-reduce (no_sync) on all but the last micro-batch: still equal."""
     base = _base(cifar100_archive, tmp_path, norm="group")  # GroupNorm: per sample, so no replica statistics
-    one_loss, one = _train("torch", base.replace(batch_size=16), tmp_path / "one.npz")
-    ddp_loss, ddp = _train("torch", base.replace(batch_size=8 // accumulation, devices=2, grad_accum_steps=accumulation),
+    one_loss, one = train("torch", base.replace(batch_size=16), tmp_path / "one.npz")
+    ddp_loss, ddp = train("torch", base.replace(batch_size=8 // accumulation, devices=2, grad_accum_steps=accumulation),
                            tmp_path / "ddp.npz")
     assert len(ddp_loss) == STEPS
     assert np.abs(one_loss - ddp_loss).max() < TOLERANCE
-    assert _gap(one, ddp) < TOLERANCE
+    assert weight_gap(one, ddp) < TOLERANCE
 
 
 def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_frameworks(cifar100_archive, tmp_path):
     """DDP normalises each replica's half on its own (rank 0's running statistics are kept): not the global
     batch. JAX's shard_map without sync_bn does the same, and the two agree with each other."""
     base = _base(cifar100_archive, tmp_path)
-    global_loss, _ = _train("torch", base.replace(batch_size=16), tmp_path / "global.npz")
-    ddp_loss, ddp = _train("torch", base.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
+    global_loss, _ = train("torch", base.replace(batch_size=16), tmp_path / "global.npz")
+    ddp_loss, ddp = train("torch", base.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
     assert np.abs(global_loss - ddp_loss).max() > 1e-4
-    jax_loss, jax_weights = _train("jax", base.replace(batch_size=8, devices=2, compile="compiled", jax_parallel="shard_map"),
+    jax_loss, jax_weights = train("jax", base.replace(batch_size=8, devices=2, compile="compiled", jax_parallel="shard_map"),
                                    tmp_path / "shard_map.npz")
     assert np.abs(ddp_loss - jax_loss).max() < 1e-7
-    assert _gap(ddp, jax_weights) < 1e-7
+    assert weight_gap(ddp, jax_weights) < 1e-7
 
 
 @pytest.fixture(scope="module")
@@ -68,35 +57,31 @@ def jax_one_device(cifar100_archive, tmp_path_factory):
     """(base config, losses, weights) of JAX on one device at the global batch of 16."""
     folder = tmp_path_factory.mktemp("jax-one-device")
     base = _base(cifar100_archive, folder, compile="compiled")
-    return (base, *_train("jax", base.replace(batch_size=16), folder / "one.npz"))
+    return (base, *train("jax", base.replace(batch_size=16), folder / "one.npz"))
 
 
 @pytest.mark.parametrize("mode", ["sharding", "shard_map", "pmap"])
 def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp_path, mode):
     # BatchNorm over the global batch: implicit under jit + sharding, sync_bn (axis_name) under shard_map / pmap.
     base, one_loss, one = jax_one_device
-    par_loss, par = _train("jax", base.replace(batch_size=4, devices=4, jax_parallel=mode, sync_bn=mode != "sharding"),
+    par_loss, par = train("jax", base.replace(batch_size=4, devices=4, jax_parallel=mode, sync_bn=mode != "sharding"),
                            tmp_path / f"{mode}.npz")
     assert np.abs(one_loss - par_loss).max() < TOLERANCE
-    assert _gap(one, par) < TOLERANCE
+    assert weight_gap(one, par) < TOLERANCE
 
 
-def test_jax_on_two_processes_equals_one_device_and_resumes_after_a_kill(jax_one_device, tmp_path):
+def test_jax_on_two_processes_killed_and_resumed_ends_where_one_device_does(jax_one_device, tmp_path):
     """jax.distributed on localhost: 2 processes with 2 host devices each, every process loading its own half
-    of the global batch. Killed after step 7 (checkpoint at 6), the rerun resumes and ends where one device does."""
+    of the global batch, orbax checkpoints from both. Killed after step 7, the rerun resumes from step 6: its
+    losses and final weights are one device's."""
     base, one_loss, one = jax_one_device
-    spread = base.replace(batch_size=4, devices=4, processes=2)
-    par_loss, par = _train("jax", spread, tmp_path / "two-processes.npz")
-    assert np.abs(one_loss - par_loss).max() < TOLERANCE
-    assert _gap(one, par) < TOLERANCE
-
-    resumable = spread.replace(checkpoint_dir=str(tmp_path / "checkpoints"), checkpoint_every=3)
-    killed = run_framework("jax", resumable.replace(fail_after_step=7))
+    spread = base.replace(batch_size=4, devices=4, processes=2, checkpoint_dir=str(tmp_path / "checkpoints"), checkpoint_every=3)
+    killed = run_framework("jax", spread.replace(fail_after_step=7))
     assert killed["status"] == "failed" and "exit code 9" in killed["error"]
-    resumed_loss, resumed = _train("jax", resumable.replace(resume=True), tmp_path / "resumed.npz")
+    resumed_loss, resumed = train("jax", spread.replace(resume=True), tmp_path / "resumed.npz")
     assert len(resumed_loss) == STEPS - 6
     assert np.abs(one_loss[6:] - resumed_loss).max() < TOLERANCE
-    assert _gap(one, resumed) < TOLERANCE
+    assert weight_gap(one, resumed) < TOLERANCE
 
 
 def test_absent_devices_and_cpu_syncbatchnorm_are_named():
