@@ -209,6 +209,7 @@ def _fit(config: RunConfig) -> dict[str, Any]:
                                            TrainState)
         notes.append(f"pipeline: {pipeline.STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches "
                      f"(shard_map + ppermute)")
+        notes += pipeline.notes()
     else:
         step_fn = make_train_step(config, model, tx, arch.num_classes)
     if data_parallel is not None:
