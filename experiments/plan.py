@@ -38,8 +38,9 @@ def add_plan_arguments(parser: Any, default_name: str) -> None:
     parser.add_argument("--results", default="results")
     parser.add_argument("--fresh", action="store_true", help="forget earlier rows and start over")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one run")
-    parser.add_argument("--devices", type=int, default=1,
-                        help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices)")
+    parser.add_argument("--devices", type=int, default=None,
+                        help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices); "
+                             "default: one per process")
     parser.add_argument("--processes", type=int, default=1, help="JAX processes the devices are spread over (jax.distributed)")
 
 
@@ -60,7 +61,7 @@ def prepare(args: Any, default_name: str) -> Prepared:
     preset = dict(PRESETS[args.preset])
     if args.steps is not None:
         preset["steps"] = args.steps
-    preset.update(devices=args.devices, processes=args.processes)
+    preset.update(devices=args.devices or args.processes, processes=args.processes)
     base = RunConfig(data=args.data or str(default_archive("cifar100")), **preset)
     out = Path(args.results) / (args.name or default_name)
     store = ResultStore(out / "runs.jsonl")
