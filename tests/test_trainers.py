@@ -88,12 +88,14 @@ def test_linear_lr_scaling_rule(base):
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_checkpointing_keeps_loss_and_lowers_saved_memory(base, framework):
-    config = base.replace(steps=3)
+    # fp64: recomputation reorders fp32 roundings (XLA fuses the rematerialised graph differently; the
+    # eval loss after 3 steps moved by 2e-6 here), which would hide a real difference of that size
+    config = base.replace(steps=3, precision="fp64")
     plain = FITS[framework](config)
     remat = FITS[framework](config.replace(grad_checkpointing="all"))
-    assert _relative_gaps(remat["losses"], plain["losses"]).max() < 1e-6
+    assert _relative_gaps(remat["losses"], plain["losses"]).max() < 1e-9
     # running statistics are not updated twice by the recomputation: evaluation is unchanged
-    assert remat["eval"]["loss"] == pytest.approx(plain["eval"]["loss"], rel=1e-6)
+    assert remat["eval"]["loss"] == pytest.approx(plain["eval"]["loss"], rel=1e-9)
     # torch: bytes its saved-tensor hooks see; JAX: bytes of its residuals (XLA:CPU's compiled temp size
     # does not shrink with remat here, so it cannot show the saving on this machine)
     assert remat["memory"]["saved_for_backward_bytes"] < 0.5 * plain["memory"]["saved_for_backward_bytes"]
