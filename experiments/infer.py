@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 
 from common.config import (
-    INFERENCE_VARIANTS as VARIANTS,
-)
-from common.config import (
+    INFERENCE_VARIANTS,
     RunConfig,
     add_config_arguments,
     config_from_args,
@@ -128,7 +126,7 @@ def train_weights(config: RunConfig, epochs: int, out: Path, timeout_s: float | 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--framework", choices=("torch", "jax", "both"), default="both")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=list(INFERENCE_VARIANTS), choices=INFERENCE_VARIANTS)
     parser.add_argument("--weights", default=None, help="torch-keyed .npz of trained weights (BN statistics included)")
     parser.add_argument("--train-epochs", type=int, default=3, help="train with the torch trainer first (0: random weights)")
     parser.add_argument("--calls", type=int, default=100, help="timed batch-1 calls (p99 needs >= 100)")

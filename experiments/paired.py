@@ -35,19 +35,24 @@ def paired_config(config: RunConfig, folder: Path) -> RunConfig:
     return config.replace(init_weights=str(initial_weights(config, folder, train.num_classes)))
 
 
+def _with_host_devices(count: int) -> dict[str, str]:
+    """This environment with XLA asked for ``count`` host devices (a CPU-only JAX sees one otherwise; no effect
+    on a GPU, whose devices are real)."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
+    return {**os.environ, "XLA_FLAGS": flags}
+
+
 def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> dict[str, Any]:
     env, processes, launcher = None, 1, "torchrun"
     if config.pipeline_stages > 1 and framework == "torch":
         processes = config.pipeline_stages  # one process per stage
     elif config.pipeline_stages > 1:  # one JAX process over a device per stage
-        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                                          f"--xla_force_host_platform_device_count={config.pipeline_stages}".strip()}
+        env = _with_host_devices(config.pipeline_stages)
     elif config.devices > 1 and framework == "torch":
         processes = config.devices  # one DDP process per device
     elif config.devices > 1:  # JAX: ``processes`` over jax.distributed; on a CPU host, XLA gives each its devices
         processes, launcher = config.processes, "jax.distributed"
-        env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                                          f"--xla_force_host_platform_device_count={config.devices // config.processes}".strip()}
+        env = _with_host_devices(config.devices // config.processes)
     result = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s,
                           env=env, processes=processes, launcher=launcher)
     result.setdefault("framework", framework)

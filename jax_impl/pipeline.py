@@ -43,17 +43,19 @@ def make_mesh(config: RunConfig) -> Mesh:
     return Mesh(np.array(devices[:STAGES]), (AXIS,))
 
 
-def notes() -> list[str]:
+def notes(config: RunConfig) -> list[str]:
+    """What the result should say about this pipeline (torch_impl/pipeline.py's mirror)."""
+    said = [f"pipeline: {STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches (shard_map + ppermute)"]
     if jax.local_devices()[0].platform == "cpu":
         # Measured here: the weight gradient of one 3x3 conv (batch 64, 16 channels) takes 5.5 ms jitted and
         # 304 ms inside a lax.switch branch, where XLA:CPU leaves it in a non-canonical layout (the class of
         # jax-ml/jax#12868, convolutions inside loop bodies). The forward is as fast in a branch as outside.
-        return ["pipeline on XLA:CPU: convolution gradients inside the stages' lax.switch branches run unoptimised "
-                "(~50x slower than outside a branch), so this step time measures that, not the schedule"]
-    return []
+        said.append("pipeline on XLA:CPU: convolution gradients inside the stages' lax.switch branches run unoptimised "
+                    "(~50x slower than outside a branch), so this step time measures that, not the schedule")
+    return said
 
 
-def stage_models(model: ResNet) -> tuple[ResNet, ResNet]:
+def stage_modules(model: ResNet) -> tuple[ResNet, ResNet]:
     """The two halves of ``model``; they read the whole model's parameter tree, each its own names."""
     return (model.clone(part="front", split_stage=PIPELINE_SPLIT_STAGE),
             model.clone(part="back", split_stage=PIPELINE_SPLIT_STAGE))
@@ -61,7 +63,7 @@ def stage_models(model: ResNet) -> tuple[ResNet, ResNet]:
 
 def make_loss(config: RunConfig, model: ResNet, mesh: Mesh, loss_fn: LossFn) -> Callable:
     """(params, batch_stats, images, labels) -> (mean micro-batch loss, new batch_stats), pipelined."""
-    front, back = stage_models(model)
+    front, back = stage_modules(model)
     m = config.pipeline_micro_batches
 
     def run(part: ResNet, params: Any, stats: Any, x: jax.Array) -> tuple[jax.Array, Any]:

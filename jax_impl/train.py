@@ -207,9 +207,7 @@ def _fit(config: RunConfig) -> dict[str, Any]:
         mesh = pipeline.make_mesh(config)
         step_fn = pipeline.make_train_step(config, model, tx, mesh, lambda logits, labels: loss_fn(config, logits, labels, arch.num_classes),
                                            TrainState)
-        notes.append(f"pipeline: {pipeline.STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches "
-                     f"(shard_map + ppermute)")
-        notes += pipeline.notes()
+        notes += pipeline.notes(config)
     else:
         step_fn = make_train_step(config, model, tx, arch.num_classes)
     if data_parallel is not None:

@@ -18,7 +18,6 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from common.config import PIPELINE_SPLIT_STAGE, RunConfig
-from common.errors import ConfigError
 from torch_impl.models import ResNet
 from torch_impl.parallel import Replica
 
@@ -37,10 +36,10 @@ def stage_modules(model: ResNet) -> list[nn.Sequential]:
     return [front, back]
 
 
-def check(replica: Replica) -> None:
-    if replica.world_size != STAGES:
-        raise ConfigError(f"pipeline_stages={STAGES} needs {STAGES} processes (torchrun --nproc-per-node {STAGES}); "
-                          f"this one sees WORLD_SIZE={replica.world_size}")
+def notes(config: RunConfig) -> list[str]:
+    """What the result should say about this pipeline (jax_impl/pipeline.py's mirror). The process count is
+    checked by parallel.start: devices x pipeline_stages processes."""
+    return [f"pipeline: {STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches (torch.distributed.pipelining)"]
 
 
 def make_train_step(config: RunConfig, model: ResNet, optimizer, scheduler, replica: Replica, device: torch.device,

@@ -160,11 +160,9 @@ def fit(config: RunConfig) -> dict[str, Any]:
     optimizer, scheduler = make_optimizer(config, model, total_steps)
     scaler = make_grad_scaler(config, device)
     if config.pipeline_stages > 1:
-        pipeline.check(replica)
         step_fn = pipeline.make_train_step(config, model, optimizer, scheduler, replica, device,
                                            lambda logits, labels: loss_fn(config, logits, labels))
-        notes.append(f"pipeline: {pipeline.STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches "
-                     f"(torch.distributed.pipelining)")
+        notes += pipeline.notes(config)
     else:
         step_fn = make_train_step(config, parallel.wrap(model, config, replica, device), optimizer, scheduler, scaler, device)
 
