@@ -70,7 +70,7 @@ class ResNetArch:
             raise ConfigError(f"num_classes must be at least 2, got {self.num_classes}")
         blocks = []
         in_channels = self.stem_channels
-        for stage, (depth, planes) in enumerate(zip(self.depths, self.stage_planes), start=1):
+        for stage, (depth, planes) in enumerate(zip(self.depths, self.stage_planes, strict=True), start=1):
             for index in range(depth):
                 stride = 2 if stage > 1 and index == 0 else 1
                 out_channels = planes * EXPANSION[self.block]

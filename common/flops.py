@@ -22,7 +22,8 @@ def taps_per_axis(size: int, kernel: int, stride: int, padding: int, count_paddi
     return sum(1 for o in range(out_size) for t in range(kernel) if 0 <= o * stride - padding + t < size)
 
 
-def conv_flops(in_channels: int, out_channels: int, size: int, kernel: int, stride: int, count_padding: bool = True) -> int:
+def conv_flops(in_channels: int, out_channels: int, size: int, kernel: int, stride: int,
+               count_padding: bool = True) -> int:
     padding = kernel // 2
     return 2 * in_channels * out_channels * taps_per_axis(size, kernel, stride, padding, count_padding) ** 2
 

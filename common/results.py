@@ -1,16 +1,201 @@
-"""Result rows in an atomically written JSONL store, so an interrupted sweep loses nothing and resumes."""
+"""Typed run results and the atomically written JSONL store of their rows, so an interrupted sweep loses
+nothing and resumes.
+
+A trainer returns a ``RunResult``; the driver stores ``RunRecord(...).to_row()`` (the result plus what the plan
+knows: key, command, config, host) and every reader goes back through ``RunRecord.from_row``. Rows carry
+``schema``; rows written before it (schema 1) still read."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 Row = dict[str, Any]
+SCHEMA = 2  # 1: the untyped rows before RunResult (no "schema" key)
+STATUSES = ("ok", "diverged", "failed", "skipped")
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Median and spread of timed samples (seconds)."""
+
+    median: float
+    p10: float
+    p90: float
+    p99: float
+    min: float
+    max: float
+    n: int
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Steady-state step timing: the first ``warmup_steps`` (the first with compilation) are kept apart."""
+
+    timed_steps: int = 0
+    first_step_s: float = NAN
+    warmup_steps: int = 0
+    step_s: Summary | None = None
+    compute_s: Summary | None = None
+    data_wait_s: Summary | None = None
+    data_wait_fraction: float = NAN
+    images_per_s: float = NAN
+
+    @property
+    def step_median_s(self) -> float:
+        return self.step_s.median if self.step_s else NAN
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Timing:
+        summaries = {k: Summary(**values[k]) for k in ("step_s", "compute_s", "data_wait_s") if values.get(k)}
+        return cls(**{**_known(cls, values), **summaries})
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes, where measured (None: not measurable on this device or mode)."""
+
+    peak_allocated_bytes: int | None = None  # the device's peak (CUDA; JAX memory_stats)
+    saved_for_backward_bytes: int | None = None  # activations kept for the backward pass of one micro-batch
+    xla_temp_bytes: int | None = None  # XLA's compiled memory analysis of the jitted step
+    xla_argument_bytes: int | None = None
+    xla_output_bytes: int | None = None
+
+    def get(self, name: str) -> float:
+        value = getattr(self, name)
+        return NAN if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Accuracy and mean loss over the evaluation split (normalised, un-augmented test images in file order)."""
+
+    step: int
+    accuracy: float
+    loss: float
+    samples: int
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one framework's training run reports (process 0 speaks for a run over several processes)."""
+
+    framework: str
+    status: str  # ok | diverged | failed | skipped
+    steps_done: int = 0
+    start_step: int = 0
+    losses: list[float] = field(default_factory=list)
+    loss_scales: list[float] = field(default_factory=list)
+    timing: Timing = field(default_factory=Timing)
+    memory: Memory = field(default_factory=Memory)
+    evals: list[Evaluation] = field(default_factory=list)  # every evaluation, the final one last
+    final_lr: float = NAN
+    recompiles: int = 0  # compiled graphs beyond the first
+    graphs_compiled: int = 0
+    notes: list[str] = field(default_factory=list)  # techniques accepted with no effect here, and why
+    device: str = ""
+    framework_version: str = ""
+    num_classes: int = 0
+    synthetic_data: bool = False
+    replicas: int = 1  # data-parallel replicas (the global batch is batch_size x replicas)
+    processes: int = 1
+    process_index: int = 0
+    profile: dict[str, Any] | None = None
+    error: str | None = None
+    traceback: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown run status '{self.status}'; known: {', '.join(STATUSES)}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def eval(self) -> Evaluation | None:
+        """The final evaluation (None if the run did not finish)."""
+        return self.evals[-1] if self.evals and self.status == "ok" else None
+
+    @property
+    def final_loss(self) -> float:
+        return self.losses[-1] if self.losses else NAN
+
+    @classmethod
+    def failed(cls, framework: str, error: str, status: str = "failed", traceback: str | None = None) -> RunResult:
+        return cls(framework=framework, status=status, error=error, traceback=traceback)
+
+    def to_row(self) -> Row:
+        row = asdict(self)
+        row["schema"] = SCHEMA
+        return row
+
+    @classmethod
+    def from_row(cls, row: Row) -> RunResult:
+        """A result from a stored row of this schema or of schema 1 (the dicts the trainers returned before)."""
+        values = _known(cls, row)
+        values["framework"] = row.get("framework", "")
+        values["status"] = row.get("status", "failed")
+        values["timing"] = Timing.from_dict(row.get("timing") or {})
+        values["memory"] = Memory(**_known(Memory, row.get("memory") or {}))
+        evals = [Evaluation(**_known(Evaluation, e)) for e in row.get("evals") or []]
+        if not evals and row.get("eval"):  # schema 1 rows may hold only the final one
+            evals = [Evaluation(step=row.get("steps_done", 0), **_known(Evaluation, row["eval"]))]
+        values["evals"] = evals
+        if "framework_version" not in row:  # schema 1 kept the version under the framework's name
+            values["framework_version"] = str(row.get(values["framework"], ""))
+        return cls(**values)
+
+
+def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``values`` that are fields of ``cls`` (rows carry the plan's columns too)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One stored row: a run's result with what the plan knows about it."""
+
+    key: str  # unique in a store: a rerun skips a key that finished
+    command: str  # ladder | sweep | run | ...
+    result: RunResult
+    config: dict[str, Any] = field(default_factory=dict)  # RunConfig.to_dict() of the run
+    host: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = NAN
+    fields: dict[str, Any] = field(default_factory=dict)  # the plan's own columns (rung, sweep value, repeat, ...)
+
+    @property
+    def framework(self) -> str:
+        return self.result.framework
+
+    @property
+    def status(self) -> str:
+        return self.result.status
+
+    def to_row(self) -> Row:
+        row = {**self.fields, **self.result.to_row(), "key": self.key, "command": self.command, "config": self.config,
+               "host": self.host, "wall_s": self.wall_s}
+        row.pop("traceback", None)  # the error line stays; the traceback is for the worker's log
+        return row
+
+    @classmethod
+    def from_row(cls, row: Row) -> RunRecord:
+        result = RunResult.from_row(row)
+        own = {"key", "command", "config", "host", "wall_s", "schema", "eval"} | {f.name for f in fields(RunResult)}
+        own |= {result.framework} if "framework_version" not in row else set()
+        wall = row.get("wall_s")
+        return cls(key=row["key"], command=row.get("command", ""), result=result, config=row.get("config") or {},
+                   host=row.get("host") or {}, wall_s=NAN if wall is None or not math.isfinite(wall) else float(wall),
+                   fields={k: v for k, v in row.items() if k not in own})
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -31,6 +216,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 class ResultStore:
     """Rows keyed by ``row['key']``; adding a row with an existing key replaces the old one."""
+
+    def records(self) -> list[RunRecord]:
+        """The stored run rows, typed (rows of other kinds, such as a device measurement, are left out)."""
+        return [RunRecord.from_row(row) for row in self.rows() if "framework" in row]
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from common.results import Summary, Timing
+
 
 def summarize(samples: Sequence[float]) -> dict[str, float]:
     """Median, p10, p90, p99, min, max and count of ``samples`` (seconds or any unit)."""
@@ -43,23 +45,19 @@ class StepTimer:
         self.compute.append(compute_s)
         self.images.append(images)
 
-    def summary(self) -> dict[str, object]:
+    def summary(self) -> Timing:
         if not self.compute:
-            return {"timed_steps": 0}
+            return Timing()
         first = self.data_wait[0] + self.compute[0]
         data, compute, images = self.data_wait[self.warmup:], self.compute[self.warmup:], self.images[self.warmup:]
-        out: dict[str, object] = {"first_step_s": first, "warmup_steps": min(self.warmup, len(self.compute)),
-                                  "timed_steps": len(compute)}
-        if compute:
-            totals = [d + c for d, c in zip(data, compute)]
-            out.update({
-                "step_s": summarize(totals),
-                "compute_s": summarize(compute),
-                "data_wait_s": summarize(data),
-                "data_wait_fraction": sum(data) / sum(totals),
-                "images_per_s": sum(images) / sum(totals),
-            })
-        return out
+        head = Timing(first_step_s=first, warmup_steps=min(self.warmup, len(self.compute)), timed_steps=len(compute))
+        if not compute:
+            return head
+        totals = [d + c for d, c in zip(data, compute, strict=True)]
+        return Timing(first_step_s=head.first_step_s, warmup_steps=head.warmup_steps, timed_steps=head.timed_steps,
+                      step_s=Summary(**summarize(totals)), compute_s=Summary(**summarize(compute)),
+                      data_wait_s=Summary(**summarize(data)), data_wait_fraction=sum(data) / sum(totals),
+                      images_per_s=sum(images) / sum(totals))
 
 
 def time_batches(batches: Iterable[Any], wait: Callable[[Any], Any], max_batches: int) -> tuple[float, list[float]]:

@@ -77,7 +77,8 @@ def torch_to_flax(state_dict: Mapping[str, Any], flax_template: Mapping[str, Any
             raw = state_dict[key]
             value = _to_flax(leaf, np.asarray(raw.detach().cpu().numpy() if hasattr(raw, "detach") else raw))
             if value.shape != tuple(template.shape):
-                raise ValueError(f"shape mismatch for {key}: torch gives {value.shape}, Flax expects {tuple(template.shape)}")
+                raise ValueError(f"shape mismatch for {key}: torch gives {value.shape}, Flax expects "
+                                 f"{tuple(template.shape)}")
             return value.astype(template.dtype)
         return leaf_fn
 

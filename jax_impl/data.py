@@ -68,7 +68,8 @@ class JaxLoader:
         iterable = dataset.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=self.options.prefetch))
         if self.options.workers > 0:
             iterable = iterable.mp_prefetch(
-                grain.MultiprocessingOptions(num_workers=self.options.workers, per_worker_buffer_size=self.options.prefetch)
+                grain.MultiprocessingOptions(num_workers=self.options.workers,
+                                             per_worker_buffer_size=self.options.prefetch)
             )
         return iter(iterable)
 
@@ -77,7 +78,9 @@ class JaxLoader:
         return device_prefetch(self.host_batches(epoch, start_batch), self.options.device_prefetch)
 
 
-def make_loader(source: Source, options: LoaderOptions, train: bool = True) -> JaxLoader:
+def make_loader(source: Source, options: LoaderOptions, *, train: bool) -> JaxLoader:
+    """``train``: augmented and shuffled (the training split); otherwise normalised, un-augmented images in file
+    order (evaluation). No default: an evaluation loader built with the training transform went unseen before."""
     return JaxLoader(source, options, train)
 
 

@@ -29,7 +29,7 @@ class Unavailable(Exception):
 
 def load_model(config: RunConfig, arch: ResNetArch, weights: str | None) -> tuple[ResNet, dict[str, Any]]:
     """The fp32 model and its variables (torch_impl.inference.load_model's mirror; Flax keeps them apart)."""
-    return make_train_model(config.replace(init_weights=weights, precision="fp32", grad_checkpointing="none"), arch)
+    return make_train_model(config.replace(init_weights=weights, precision="fp32", remat="none"), arch)
 
 
 def _conv_of(norm_name: str) -> str:
@@ -66,7 +66,8 @@ def quantize_int8(params: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "kernel":
             w = np.asarray(value, np.float32)
             scale = np.maximum(np.abs(w).reshape(-1, w.shape[-1]).max(0), 1e-12) / 127.0
-            out[name] = {"int8": np.clip(np.round(w / scale), -127, 127).astype(np.int8), "scale": scale.astype(np.float32)}
+            out[name] = {"int8": np.clip(np.round(w / scale), -127, 127).astype(np.int8),
+                         "scale": scale.astype(np.float32)}
         else:
             out[name] = value
     return out

@@ -190,7 +190,8 @@ class ResNet(nn.Module):
         policy = getattr(jax.checkpoint_policies, self.checkpoint_policy)
         remat = nn.remat(plain, policy=policy)
         for spec in arch.blocks:
-            if (self.part == "front" and spec.stage >= self.split_stage) or (self.part == "back" and spec.stage < self.split_stage):
+            in_front = spec.stage < self.split_stage
+            if (self.part == "front" and not in_front) or (self.part == "back" and in_front):
                 continue
             block_cls = remat if spec.stage in self.checkpoint_stages else plain
             x = block_cls(spec=spec, zero_init_residual=arch.zero_init_residual, name=spec.flax_name, **options)(x)
@@ -198,7 +199,8 @@ class ResNet(nn.Module):
             return x
         x = jnp.mean(x.astype(jnp.promote_types(x.dtype, jnp.float32)), axis=(1, 2)).astype(self.dtype)
         # The classifier runs in the compute dtype, as under torch autocast; the loss casts logits to fp32.
-        return nn.Dense(arch.num_classes, kernel_init=dense_kernel_init, bias_init=dense_bias_init(arch.feature_channels),
+        return nn.Dense(arch.num_classes, kernel_init=dense_kernel_init,
+                        bias_init=dense_bias_init(arch.feature_channels),
                         dtype=self.dtype, param_dtype=jnp.float32, name="fc")(x)
 
     def _stem(self, x: jax.Array, norm: str, train: bool) -> jax.Array:

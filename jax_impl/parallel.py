@@ -40,11 +40,12 @@ def start(config: RunConfig) -> None:
         return
     process_id = os.environ.get(PROCESS_ID_VARIABLE)
     try:
-        jax.distributed.initialize(num_processes=config.processes, process_id=None if process_id is None else int(process_id))
+        jax.distributed.initialize(num_processes=config.processes,
+                                   process_id=None if process_id is None else int(process_id))
     except (ValueError, RuntimeError) as exc:  # no coordinator address, or JAX already started: name it
         raise ConfigError(f"processes={config.processes}: jax.distributed could not start ({exc}); set "
-                          f"JAX_COORDINATOR_ADDRESS=host:port and {PROCESS_ID_VARIABLE}, or run under SLURM / Open MPI, "
-                          f"or let `twinrun run` launch the processes") from exc
+                          f"JAX_COORDINATOR_ADDRESS=host:port and {PROCESS_ID_VARIABLE}, or run under SLURM / Open "
+                          f"MPI, or let `twinrun run` launch the processes") from exc
     if jax.process_count() != config.processes:
         raise ConfigError(f"processes={config.processes} but jax.distributed joined {jax.process_count()}")
 
@@ -74,7 +75,8 @@ def per_replica(config: RunConfig, params: Any) -> Any:
     return params
 
 
-def reduce_across_replicas(config: RunConfig, grads: Any, loss: jax.Array, batch_stats: Any) -> tuple[Any, jax.Array, Any]:
+def reduce_across_replicas(config: RunConfig, grads: Any, loss: jax.Array,
+                           batch_stats: Any) -> tuple[Any, jax.Array, Any]:
     """Inside a shard_map / pmap step: the global batch's mean gradient and loss; BatchNorm statistics
     either already global (sync_bn) or replica 0's."""
     axis = step_axis_name(config)
@@ -101,14 +103,16 @@ class DataParallel:
         per_process = config.devices // config.processes
         local = jax.local_devices()
         if len(local) < per_process:
-            raise ConfigError(f"devices={config.devices} over {config.processes} process(es) needs {per_process} per process but "
-                              f"JAX sees {len(local)} here ({local[0].platform}); on a CPU host set "
-                              f"XLA_FLAGS=--xla_force_host_platform_device_count={per_process} before JAX starts (the driver does)")
+            raise ConfigError(f"devices={config.devices} over {config.processes} process(es) needs {per_process} per "
+                              f"process but JAX sees {len(local)} here ({local[0].platform}); on a CPU host set "
+                              f"XLA_FLAGS=--xla_force_host_platform_device_count={per_process} before JAX starts "
+                              f"(the driver does)")
         if config.compile != "compiled":
             raise ConfigError("JAX data parallel needs compile=compiled: sharded programs are jitted")
         # Process-major order: device i holds the i-th slice of the global batch, which lies in its process's slice.
         devices = [d for p in range(jax.process_count())
-                   for d in sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)[:per_process]]
+                   for d in sorted((d for d in jax.devices() if d.process_index == p),
+                                   key=lambda d: d.id)[:per_process]]
         return cls(config, devices, Mesh(np.array(devices), (AXIS,)))
 
     def notes(self) -> list[str]:
@@ -136,8 +140,11 @@ class DataParallel:
             return jax.device_put(stacked, NamedSharding(self.mesh, P(AXIS)))
         replicated = NamedSharding(self.mesh, P())
         if self.config.processes > 1:  # every process holds the same values; each fills its own devices
-            return jax.tree.map(lambda x: jax.make_array_from_callback(np.shape(x), replicated, lambda index, x=np.asarray(x): x[index]),
-                                state)
+            def fill(x: Any) -> jax.Array:
+                host = np.asarray(x)
+                return jax.make_array_from_callback(np.shape(x), replicated, lambda index: host[index])
+
+            return jax.tree.map(fill, state)
         return jax.device_put(state, replicated)
 
     def place_batch(self, images: Any, labels: Any) -> tuple[Any, Any]:

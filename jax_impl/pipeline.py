@@ -38,14 +38,16 @@ def make_mesh(config: RunConfig) -> Mesh:
         raise ConfigError("the JAX pipeline needs compile=compiled: its schedule is one jitted shard_map program")
     devices = jax.local_devices()
     if len(devices) < STAGES:
-        raise ConfigError(f"pipeline_stages={STAGES} needs {STAGES} devices but JAX sees {len(devices)} ({devices[0].platform}); "
-                          f"on a CPU host set XLA_FLAGS=--xla_force_host_platform_device_count={STAGES} (the driver does)")
+        raise ConfigError(f"pipeline_stages={STAGES} needs {STAGES} devices but JAX sees {len(devices)} "
+                          f"({devices[0].platform}); on a CPU host set "
+                          f"XLA_FLAGS=--xla_force_host_platform_device_count={STAGES} (the driver does)")
     return Mesh(np.array(devices[:STAGES]), (AXIS,))
 
 
 def notes(config: RunConfig) -> list[str]:
     """What the result should say about this pipeline (torch_impl/pipeline.py's mirror)."""
-    said = [f"pipeline: {STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches (shard_map + ppermute)"]
+    said = [f"pipeline: {STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches (shard_map + "
+            f"ppermute)"]
     if jax.local_devices()[0].platform == "cpu":
         # Measured here: the weight gradient of one 3x3 conv (batch 64, 16 channels) takes 5.5 ms jitted and
         # 304 ms inside a lax.switch branch, where XLA:CPU leaves it in a non-canonical layout (the class of
@@ -108,7 +110,8 @@ def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransfor
     pipelined = make_loss(config, model, mesh, loss_fn)
 
     def step(state: Any, images: jax.Array, labels: jax.Array, inject_inf: jax.Array) -> tuple[Any, jax.Array]:
-        (loss, batch_stats), grads = jax.value_and_grad(pipelined, has_aux=True)(state.params, state.batch_stats, images, labels)
+        (loss, batch_stats), grads = jax.value_and_grad(pipelined, has_aux=True)(state.params, state.batch_stats,
+                                                                                 images, labels)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         return state_type(optax.apply_updates(state.params, updates), batch_stats, opt_state, state.loss_scale), loss
 

@@ -1,12 +1,11 @@
-"""The JAX trainer. torch_impl/train.py exposes the same functions with the same roles:
-make_model, make_optimizer, make_train_step, evaluate, fit."""
+"""The JAX training step and its parts. torch_impl/train.py has the same functions with the same roles
+(make_model, make_optimizer, loss_fn, make_train_step, evaluate, measure_saved_bytes), so the two can be read
+side by side; jax_impl/backend.py hands them to the one training loop (common/loop.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -15,21 +14,15 @@ import numpy as np
 import optax
 
 from common.arch import ResNetArch
-from common.config import RunConfig, learning_rate, loader_options, open_sources
-from common.data.batches import grouped
-from common.metrics import is_diverged
-from common.timing import StepTimer
+from common.config import RunConfig
+from common.schedule import learning_rate
 from common.weights import load_torch_keyed, torch_to_flax
-from jax_impl import checkpoint as ckpt
-from jax_impl import parallel, pipeline
-from jax_impl.data import make_loader
+from jax_impl import parallel
 from jax_impl.models import ResNet, init_variables
 from jax_impl.models import make_model as build_resnet
-from jax_impl.profiling import StepProfiler
 from jax_impl.techniques import (
     LossScale,
     all_finite,
-    apply_flags,
     compute_dtype,
     param_dtype,
 )
@@ -46,8 +39,8 @@ StepFn = Callable[[TrainState, jax.Array, jax.Array, jax.Array], tuple[TrainStat
 
 
 def make_model(config: RunConfig, arch: ResNetArch) -> tuple[ResNet, dict[str, Any]]:
-    model = build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.checkpoint_stages,
-                         checkpoint_policy=config.checkpoint_policy, bn_axis_name=parallel.bn_axis_name(config))
+    model = build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.remat_stages,
+                         checkpoint_policy=config.remat_policy, bn_axis_name=parallel.bn_axis_name(config))
     def init() -> dict[str, Any]:
         return init_variables(model, jax.random.key(config.seed), config.image_size)
 
@@ -95,7 +88,8 @@ def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransfor
             loss = loss_fn(config, logits, labels, num_classes)
             return loss * state.loss_scale.scale, (loss, updates.get("batch_stats", state.batch_stats))
 
-        (_, (loss, batch_stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(parallel.per_replica(config, state.params))
+        params = parallel.per_replica(config, state.params)
+        (_, (loss, batch_stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
         grads, loss, batch_stats = parallel.reduce_across_replicas(config, grads, loss, batch_stats)
         grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
         # Test hook: an overflowing gradient, as fp16 produces.
@@ -124,11 +118,12 @@ def _eval_logits(model: ResNet) -> Callable:
 
 
 def evaluate(config: RunConfig, model: ResNet, state: TrainState, loader) -> dict[str, float]:
+    """Accuracy and mean loss over the evaluation loader's batches (at most ``eval_batches``)."""
     # Always jitted: evaluation is not timed, and op by op it would compile every primitive again (~5 s).
     logits_fn = jax.jit(_eval_logits(model))
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     correct, seen, loss_sum = 0, 0, 0.0
-    with _mode(config):
+    with mode(config):
         for number, (images, labels) in enumerate(loader.epoch(0)):
             if config.eval_batches is not None and number >= config.eval_batches:
                 break
@@ -139,17 +134,13 @@ def evaluate(config: RunConfig, model: ResNet, state: TrainState, loader) -> dic
     return {"accuracy": correct / seen, "loss": loss_sum / seen, "samples": seen}
 
 
-def _mode(config: RunConfig) -> contextlib.AbstractContextManager:
+def mode(config: RunConfig) -> contextlib.AbstractContextManager:
     """Eager = op by op: JAX's equivalent of torch eager mode (every op dispatched on its own)."""
     return jax.disable_jit() if config.compile == "eager" else contextlib.nullcontext()
 
 
-def _micro_batches(loader, config: RunConfig, epoch: int, start_step: int) -> Iterator[list]:
-    """The epoch's steps from ``start_step`` on, each a list of k micro-batches."""
-    return grouped(loader.epoch(epoch, start_batch=start_step * config.grad_accum_steps), config.grad_accum_steps)
-
-
-def measure_saved_bytes(config: RunConfig, model: ResNet, state: TrainState, images: jax.Array, labels: jax.Array) -> int:
+def measure_saved_bytes(config: RunConfig, model: ResNet, state: TrainState, images: jax.Array,
+                        labels: jax.Array) -> int:
     """Bytes of the residuals JAX keeps for the backward pass of one micro-batch (the mirror of torch's
     saved-tensor hooks). Where XLA's compiled temp size hides remat's saving (XLA:CPU, seen here), this
     still shows what jax.checkpoint removed."""
@@ -172,150 +163,6 @@ def measure_xla_memory(step_fn: StepFn, state: TrainState, images: jax.Array, la
     analysis = step_fn.lower(state, images, labels, jnp.asarray(False)).compile().memory_analysis()  # type: ignore[attr-defined]
     if analysis is None:
         return {}
-    return {"xla_temp_bytes": int(analysis.temp_size_in_bytes), "xla_argument_bytes": int(analysis.argument_size_in_bytes),
+    return {"xla_temp_bytes": int(analysis.temp_size_in_bytes),
+            "xla_argument_bytes": int(analysis.argument_size_in_bytes),
             "xla_output_bytes": int(analysis.output_size_in_bytes)}
-
-
-def fit(config: RunConfig) -> dict[str, Any]:
-    """Trains per ``config``; returns losses, timing, memory, evaluation and notes (one result row)."""
-    parallel.start(config)  # joins jax.distributed first when the run spans processes
-    with jax.enable_x64(config.precision == "fp64"):
-        return _fit(config)
-
-
-def _fit(config: RunConfig) -> dict[str, Any]:
-    notes = apply_flags(config)
-    data_parallel = parallel.DataParallel.create(config)  # None on one device
-    train_source, test_source = open_sources(config)
-    arch = config.arch(train_source.num_classes)
-    # Each process reads its slice of the global batch (batch_size per replica, as in DDP): the whole of it when
-    # there is one process, and lays it out over its devices.
-    local_batch = config.batch_size * config.devices // config.processes
-    train_loader = make_loader(train_source, loader_options(config.replace(batch_size=local_batch), train=True,
-                                                            rank=jax.process_index(), world_size=config.processes))
-    eval_loader = make_loader(test_source, loader_options(config, train=False))
-    steps_per_epoch = len(train_loader) // config.grad_accum_steps
-    if steps_per_epoch == 0:
-        raise ValueError(f"an epoch of {len(train_loader)} batches holds no step of {config.grad_accum_steps} micro-batches")
-    total_steps = config.steps or config.epochs * steps_per_epoch  # type: ignore[operator]
-
-    model, variables = make_model(config, arch)
-    tx = make_optimizer(config, total_steps)
-    state = TrainState(variables["params"], variables.get("batch_stats", {}), tx.init(variables["params"]),
-                       LossScale.create(config))
-    if config.pipeline_stages > 1:
-        mesh = pipeline.make_mesh(config)
-        step_fn = pipeline.make_train_step(config, model, tx, mesh, lambda logits, labels: loss_fn(config, logits, labels, arch.num_classes),
-                                           TrainState)
-        notes += pipeline.notes(config)
-    else:
-        step_fn = make_train_step(config, model, tx, arch.num_classes)
-    if data_parallel is not None:
-        step_fn = data_parallel.parallelize(step_fn)
-        notes += data_parallel.notes()
-
-    start = 0
-    if config.resume and config.checkpoint_dir and (path := ckpt.latest(config.checkpoint_dir)):
-        state = TrainState(*ckpt.load(path, state))
-        start = ckpt.step_of(path)
-        notes.append(f"resumed from step {start}")
-
-    if data_parallel is not None:
-        state = data_parallel.place_state(state)
-    if config.pipeline_stages > 1:
-        state = pipeline.place(mesh, state)
-    timer = StepTimer(config.timing_warmup)
-    losses: list[float] = []
-    loss_scales: list[float] = []
-    evals: list[dict[str, Any]] = []
-    status, step = "ok", start
-    updates_applied = start  # optimizer updates (an fp16 step skipped on overflow is none), as torch's scheduler counts
-    first_batch = None
-    clock = time.perf_counter
-    profiler: StepProfiler | None = None
-    while step < total_steps and status == "ok":
-        epoch, offset = divmod(step, steps_per_epoch)
-        batches = _micro_batches(train_loader, config, epoch, offset)
-        while step < total_steps:
-            if config.profile_steps and profiler is None and step >= total_steps - config.profile_steps:
-                profiler = StepProfiler(config.profile_dir)  # type: ignore[arg-type]
-                profiler.start()
-            t0 = clock()
-            group = next(batches, None)
-            if group is None:
-                break
-            jax.block_until_ready(group)
-            t1 = clock()
-            inject = jnp.asarray(config.inject_inf_at_step == step)
-            total = 0.0
-            with _mode(config):
-                for images, labels in group:
-                    if data_parallel is not None:
-                        images, labels = data_parallel.place_batch(images, labels)
-                        state, loss = step_fn(state, images, labels, inject)
-                        loss = data_parallel.loss_value(loss)
-                    else:
-                        state, loss = step_fn(state, images, labels, inject)
-                    total += loss
-            value = float(jax.block_until_ready(total)) / len(group)
-            t2 = clock()
-            if profiler is None:
-                timer.record(t1 - t0, t2 - t1, sum(len(y) for _, y in group) * config.processes)  # global images
-            else:  # traced steps are slower: kept out of the steady-state statistics
-                profiler.step()
-            if first_batch is None:
-                first_batch = group[0]
-            losses.append(value)
-            scale = float(np.asarray(state.loss_scale.scale).reshape(-1)[0])  # pmap: one per replica, all equal
-            previous = loss_scales[-1] if loss_scales else float(LossScale.create(config).scale)
-            updates_applied += 0 if scale < previous else 1  # a halved scale means the step was skipped
-            loss_scales.append(scale)
-            step += 1
-            if is_diverged(value, losses[0]):
-                status = "diverged"
-                break
-            if config.checkpoint_every and step % config.checkpoint_every == 0:
-                # Orbax writes a replicated global array once, from process 0, when every process calls save.
-                saved = data_parallel.gather_state(state) if data_parallel is not None and config.processes == 1 else state
-                ckpt.save(config.checkpoint_dir, step, saved)  # type: ignore[arg-type]
-            if config.fail_after_step == step:
-                os._exit(9)  # test hook: die like a killed process, no clean-up
-            if config.eval_every and step % config.eval_every == 0 and step < total_steps:
-                evals.append({"step": step, **evaluate(config, model, state, eval_loader)})
-
-    profile = profiler.stop() if profiler is not None else None
-    if data_parallel is not None:
-        state = data_parallel.gather_state(state)
-    cache_size = getattr(step_fn, "_cache_size", None)  # jit's count of compiled shapes (pmap has none)
-    compiled_shapes = cache_size() if config.compile == "compiled" and cache_size else 0
-    result: dict[str, Any] = {"framework": "jax", "status": status, "steps_done": step, "start_step": start,
-                              "losses": losses, "loss_scales": loss_scales, "timing": timer.summary(),
-                              "recompiles": max(compiled_shapes - 1, 0), "graphs_compiled": compiled_shapes,
-                              "notes": notes, "device": str(jax.devices()[0]), "jax": jax.__version__,
-                              "final_lr": float(learning_rate(updates_applied, config, total_steps, np))}
-    if status == "ok":
-        final = evaluate(config, model, state, eval_loader)
-        evals.append({"step": step, **final})
-        result["eval"] = final
-    result["evals"] = evals
-    memory: dict[str, Any] = {}
-    if first_batch is not None and status == "ok":
-        if data_parallel is None:  # both measure the single-device step
-            memory["saved_for_backward_bytes"] = measure_saved_bytes(config, model, state, *first_batch)
-            if config.compile == "compiled":  # op by op there is no whole-step program to analyse
-                memory.update(measure_xla_memory(step_fn, state, *first_batch))
-        stats = jax.local_devices()[0].memory_stats() or {}
-        if "peak_bytes_in_use" in stats:
-            memory["peak_allocated_bytes"] = int(stats["peak_bytes_in_use"])
-    result["memory"] = memory
-    result["synthetic_data"] = train_source.synthetic
-    result["replicas"] = config.devices
-    result["processes"] = config.processes
-    result["process_index"] = jax.process_index()  # process 0 speaks for the run
-    if config.save_weights and status == "ok" and parallel.is_main_process():
-        from common.weights import flax_to_torch, save_torch_keyed
-
-        save_torch_keyed(config.save_weights, flax_to_torch({"params": state.params, "batch_stats": state.batch_stats}))
-    if profile is not None:
-        result["profile"] = profile
-    return result

@@ -1,9 +1,9 @@
 """Shared fixtures: small data sets written in the real on-disk formats.
 
-The suite shares one JAX persistent compilation cache across its processes (set here, before JAX is
-imported, and inherited by every isolated run): the same small models are compiled again and again, op by
-op most of all (a tiny JAX eager run: 12.5 s cold, 5.5 s warm). No test reads compile times; the driver
-itself leaves the cache off, so its first-step times are real compilations."""
+The suite shares one JAX persistent compilation cache, and one torch inductor cache, across its processes (set
+here, before JAX is imported, and inherited by every isolated run): the same small models are compiled again and
+again, op by op most of all (a tiny JAX eager run: 12.5 s cold, 5.5 s warm). No test reads compile times; the
+driver itself leaves both off, so its first-step times are real compilations."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="twinrun-test-jax-cache-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# The same for torch.compile's inductor cache in the driver's isolated runs (each would otherwise compile, and
+# build its C++ kernels, from scratch: ~20 s a run here).
+if "TWINRUN_SHARED_INDUCTOR_CACHE" not in os.environ:
+    os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"] = tempfile.mkdtemp(prefix="twinrun-test-inductor-cache-")
+    atexit.register(shutil.rmtree, os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from common.config import RunConfig, add_config_arguments, config_from_args
+from common.cli import add_config_arguments, config_from_args, load_toml
+from common.config import RunConfig
 from common.errors import ConfigError
 
 
@@ -21,13 +22,14 @@ def test_timm_style_flags():
                      "--torchcompile-mode", "max-autotune", "--grad-checkpointing", "2,3", "-b", "64", "--steps", "7"])
     assert (config.precision, config.workers, config.grad_accum_steps, config.pin_mem) == ("bf16", 4, 2, True)
     assert config.channels_last and config.torchcompile_mode == "max-autotune"
-    assert config.checkpoint_stages == (2, 3) and config.batch_size == 64
+    assert config.remat_stages == (2, 3) and config.batch_size == 64
     assert config.steps == 7 and config.epochs is None
 
 
 def test_toml_with_sections_and_flag_override(tmp_path):
     path = tmp_path / "run.toml"
-    path.write_text('model = "resnet34"\n[optimizer]\nlr = 0.2\noptimizer = "adamw"\n[techniques]\nprecision = "bf16"\n')
+    path.write_text('model = "resnet34"\n[optimizer]\nlr = 0.2\noptimizer = "adamw"\n[techniques]\nprecision = '
+                    '"bf16"\n')
     config = _parse(["--config", str(path), "--lr", "0.3"])
     assert (config.model, config.optimizer, config.precision, config.lr) == ("resnet34", "adamw", "bf16", 0.3)
 
@@ -37,8 +39,8 @@ def test_toml_with_sections_and_flag_override(tmp_path):
     ({"model": "vgg"}, "unknown model 'vgg'"),
     ({"batch_size": 0}, "batch_size must be positive"),
     ({"precision": "fp16", "grad_accum_steps": 2}, "fp16 with grad_accum_steps > 1"),
-    ({"grad_checkpointing": "5"}, "within 1..4"),
-    ({"grad_checkpointing": "some"}, "none, all or stage numbers"),
+    ({"remat": "5"}, "within 1..4"),
+    ({"remat": "some"}, "none, all or stage numbers"),
     ({"steps": 5}, "exactly one of steps and epochs"),
     ({"resume": True}, "resume needs checkpoint_dir"),
     ({"inject_inf_at_step": 1}, "needs precision fp16"),
@@ -53,8 +55,30 @@ def test_unknown_keys_and_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key\\(s\\): colour"):
         RunConfig.from_dict({"colour": "red"})
     with pytest.raises(ConfigError, match="config file not found"):
-        RunConfig.from_toml(tmp_path / "none.toml")
+        load_toml(tmp_path / "none.toml")
     bad = tmp_path / "bad.toml"
     bad.write_text("model = = 1")
     with pytest.raises(ConfigError, match="not valid TOML"):
-        RunConfig.from_toml(bad)
+        load_toml(bad)
+
+
+def test_every_field_has_one_flag_group_and_the_test_hooks_are_hidden():
+    from dataclasses import fields
+
+    from common.cli import GROUPS, HIDDEN
+
+    grouped = [name for members in GROUPS.values() for name in members] + list(HIDDEN)
+    assert sorted(grouped) == sorted(f.name for f in fields(RunConfig))  # each exactly once
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    text = parser.format_help()
+    assert "optimizer:" in text and "precision:" in text and "--grad-checkpointing" in text
+    assert "--fail-after-step" not in text and "--inject-inf-at-step" not in text
+    assert _parse(["--fail-after-step", "3", "--steps", "5"]).fail_after_step == 3  # hidden, still accepted
+
+
+def test_toml_with_steps_only_and_an_old_field_name(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('steps = 3\n[techniques]\ngrad_checkpointing = "3,4"\n')
+    config = load_toml(path)
+    assert (config.steps, config.epochs, config.remat_stages) == (3, None, (3, 4))

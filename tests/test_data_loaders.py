@@ -13,13 +13,14 @@ from common.data.loader_options import LoaderOptions
 def _torch_batches(source, options, epoch):
     from torch_impl.data import make_loader
 
-    return [(x.permute(0, 2, 3, 1).numpy(), y.numpy()) for x, y in make_loader(source, options).epoch(epoch)]
+    loader = make_loader(source, options, train=True)
+    return [(x.permute(0, 2, 3, 1).numpy(), y.numpy()) for x, y in loader.epoch(epoch)]
 
 
 def _jax_batches(source, options, epoch):
     from jax_impl.data import make_loader
 
-    return [(np.asarray(x), np.asarray(y)) for x, y in make_loader(source, options).epoch(epoch)]
+    return [(np.asarray(x), np.asarray(y)) for x, y in make_loader(source, options, train=True).epoch(epoch)]
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -30,7 +31,7 @@ def test_torch_and_jax_loaders_yield_identical_batches(cifar100_archive, workers
     jax_batches = _jax_batches(source, options, epoch=3)
     assert len(torch_batches) == len(jax_batches) == 5  # 600 samples: 4 full batches and a short one
     assert torch_batches[-1][0].shape == (600 - 4 * 128, 32, 32, 3)
-    for (tx, ty), (jx, jy) in zip(torch_batches, jax_batches):
+    for (tx, ty), (jx, jy) in zip(torch_batches, jax_batches, strict=True):
         assert tx.dtype == jx.dtype == np.float32
         np.testing.assert_array_equal(tx, jx)
         np.testing.assert_array_equal(ty, jy)

@@ -9,7 +9,7 @@ import pytest
 
 from common.config import RunConfig
 from experiments.__main__ import main
-from experiments.diagnose import classify, diagnose
+from experiments.execution.diagnosis import classify, diagnose
 
 
 def test_verdict_thresholds():
@@ -31,7 +31,8 @@ def _config(archive, framework: str, **changes) -> RunConfig:
 def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framework):
     # PNG decode in the main process (0 workers) behind 30 ms of simulated storage latency per batch,
     # feeding a very small model.
-    config = _config(cifar100_archive, framework, png=True, workers=0, read_latency_ms=30.0, width=0.0625, batch_size=32)
+    config = _config(cifar100_archive, framework, png=True, workers=0, read_latency_ms=30.0, width=0.0625,
+                     batch_size=32)
     found = diagnose(framework, config, tmp_path)
     assert found.verdict == "input-bound", found.evidence
     assert found.data_wait_fraction > 0.4
@@ -43,7 +44,8 @@ def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framew
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_a_large_model_on_a_fast_loader_is_compute_bound(cifar100_archive, tmp_path, framework):
     # 4 timed steps a batch size: the doubling ratio is a ratio of medians, so one slow step cannot flip it
-    config = _config(cifar100_archive, framework, workers=0, width=0.5, batch_size=32).replace(steps=8 if framework == "torch" else 6)
+    config = _config(cifar100_archive, framework, workers=0, width=0.5,
+                     batch_size=32).replace(steps=8 if framework == "torch" else 6)
     found = diagnose(framework, config, tmp_path, profile_steps=1)
     assert found.verdict == "compute-bound", found.evidence
     assert found.data_wait_fraction < 0.1 and found.doubling_ratio > 1.4
@@ -59,7 +61,7 @@ def test_the_command_writes_its_diagnosis(cifar100_archive, tmp_path):
 
 
 def test_a_device_that_is_absent_is_not_needed(cifar100_archive):
-    from experiments.diagnose import GpuSampler
+    from experiments.execution.diagnosis import GpuSampler
 
     with GpuSampler() as sampler:  # no GPU here: a clear note, no crash
         pass

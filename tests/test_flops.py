@@ -33,7 +33,8 @@ def test_flops_match_xla_cost_analysis(name, stem, size):
     arch = resnet(name, stem=stem, width=1.0)
     model = make_flax(arch)
     variables = init_variables(model, jax.random.key(0), size)
-    compiled = jax.jit(lambda v, x: model.apply(v, x, train=False)).lower(variables, jnp.zeros((2, size, size, 3))).compile()
+    images = jnp.zeros((2, size, size, 3))
+    compiled = jax.jit(lambda v, x: model.apply(v, x, train=False)).lower(variables, images).compile()
     analysis = compiled.cost_analysis()
     analysis = analysis[0] if isinstance(analysis, list) else analysis
     ours = forward_flops(arch, size, batch_size=2, count_padding=False)

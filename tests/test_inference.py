@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
+from common.workloads import arch
 from experiments.__main__ import main
 
 INT8_ACCURACY_DELTA = 0.05  # the stated bound: at most 5 points of eval accuracy lost to INT8
@@ -19,20 +20,20 @@ INT8_ACCURACY_DELTA = 0.05  # the stated bound: at most 5 points of eval accurac
 @pytest.fixture(scope="module")
 def trained(cifar10_archive, tmp_path_factory):
     """A small ResNet trained for 4 epochs on the CIFAR-10 fixture by the torch trainer: (config, weights)."""
-    from torch_impl.train import fit
+    from torch_impl.backend import fit
 
     weights = tmp_path_factory.mktemp("trained") / "weights.npz"
     config = RunConfig(source="cifar10", data=str(cifar10_archive), width=0.25, batch_size=32, epochs=4, lr=0.05,
                        warmup_steps=5, save_weights=str(weights))
     result = fit(config)
-    assert result["status"] == "ok"
+    assert result.status == "ok"
     return config.replace(save_weights=None), str(weights)
 
 
 def _images(config: RunConfig, count: int) -> np.ndarray:
-    from experiments.infer import _eval_batches
+    from experiments.execution.inference import eval_batches
 
-    return _eval_batches(config, count, 1)[0][0]
+    return eval_batches(config, count, 1)[0][0]
 
 
 def _max_relative(a: np.ndarray, b: np.ndarray) -> float:
@@ -45,7 +46,7 @@ def test_torch_folding_equals_the_unfolded_model(trained):
     from torch_impl.inference import fold_batchnorm, load_model
 
     config, weights = trained
-    model = load_model(config, config.arch(10), weights, torch.device("cpu"))
+    model = load_model(config, arch(config, 10), weights, torch.device("cpu"))
     folded = fold_batchnorm(model)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
     images = torch.from_numpy(_images(config, 16).transpose(0, 3, 1, 2).copy())
@@ -60,8 +61,8 @@ def test_jax_folding_equals_the_unfolded_model(trained):
     from jax_impl.models import make_model
 
     config, weights = trained
-    model, variables = load_model(config, config.arch(10), weights)
-    folded = make_model(config.arch(10)).clone(folded_norm=True)
+    model, variables = load_model(config, arch(config, 10), weights)
+    folded = make_model(arch(config, 10)).clone(folded_norm=True)
     params = fold_batchnorm(variables["params"], variables["batch_stats"])
     assert "scale" not in params["layer1_0"]["bn1"] and "bias" in params["layer1_0"]["bn1"]
     images = _images(config, 16)
@@ -77,7 +78,7 @@ def test_the_onnx_export_equals_torch(trained, tmp_path):
     from torch_impl.inference import export_onnx, load_model
 
     config, weights = trained
-    model = load_model(config, config.arch(10), weights, torch.device("cpu"))
+    model = load_model(config, arch(config, 10), weights, torch.device("cpu"))
     session = ort.InferenceSession(str(export_onnx(model, tmp_path / "m.onnx", 32)), providers=["CPUExecutionProvider"])
     images = _images(config, 8).transpose(0, 3, 1, 2).copy()
     with torch.inference_mode():
@@ -92,7 +93,8 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path):
                  "--throughput-batches", "32", "--throughput-calls", "2", "--calibration-batches", "4",
                  "--out", str(tmp_path)])
     assert code == 0
-    rows = {(r["framework"], r["variant"]): r for r in map(json.loads, (tmp_path / "runs.jsonl").read_text().splitlines())
+    rows = {(r["framework"], r["variant"]): r for r in map(json.loads,
+                                                           (tmp_path / "runs.jsonl").read_text().splitlines())
             if r.get("command") == "infer"}
     assert len(rows) == 10
     for framework in ("torch", "jax"):
@@ -115,7 +117,7 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path):
 
 
 def test_a_missing_optional_runtime_is_a_clear_skip(trained, monkeypatch):
-    from experiments.infer import measure_variant
+    from experiments.execution.inference import measure_variant
 
     config, weights = trained
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime now fails

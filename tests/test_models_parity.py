@@ -11,7 +11,12 @@ import torchvision
 
 from common.arch import resnet
 from common.weights import flax_to_torch, torch_to_flax
-from experiments.parity import TOLERANCES, load_flax_into_torch, paired_forward_backward
+from experiments.execution.parity import (
+    TOLERANCES,
+    fp32_gaps_and_noise_floor,
+    load_flax_into_torch,
+    paired_forward_backward,
+)
 from jax_impl.models import init_variables
 from jax_impl.models import make_model as make_flax
 from torch_impl.models import make_model as make_torch
@@ -21,14 +26,20 @@ CONFIGS = [("resnet18", "cifar", "batch"), ("resnet18", "imagenet", "batch"), ("
 
 @pytest.mark.parametrize("name,stem,norm", CONFIGS)
 def test_fp32_logits_statistics_and_gradients_match(name, stem, norm):
-    """fp32 at the issue's tolerances. Seed 0 is fixed on purpose: with another batch, a ReLU input
-    that lies within fp32 rounding of zero can switch sides on one framework only, and that single
-    position moves a conv-weight gradient by ~1e-2 relative (seen with seed 1); the float64 test below
-    is the seed-independent proof that the semantics are equal."""
+    """fp32 at the issue's tolerances, beyond which only this machine's own fp32 rounding may take them.
+
+    With some batches a ReLU input lies within fp32 rounding of zero and switches sides in one framework only;
+    that single position moves a conv-weight gradient by ~1e-2 relative (1.56e-2 seen on an AMD EPYC with seed 0,
+    where an Intel Xeon gave 1e-5). So the test measures, in this very test, how far each framework's fp32 result
+    lies from its own fp64 result on the same weights and batch; two correct fp32 computations can differ by at
+    most the sum of those (triangle inequality). A real difference between the implementations would not appear
+    in either framework's fp32-vs-fp64 distance, and the float64 test below proves the semantics equal at 1e-9."""
     arch = resnet(name, stem=stem, width=0.25, num_classes=100, norm=norm)
-    results = paired_forward_backward(arch, batch_size=8, image_size=32 if stem == "cifar" else 64, seed=0)
+    size = 32 if stem == "cifar" else 64
+    results, floor = fp32_gaps_and_noise_floor(arch, batch_size=8, image_size=size, seed=0)
     for quantity, value in results.items():
-        assert value <= TOLERANCES[quantity], f"{quantity}: {value:.2e} > {TOLERANCES[quantity]:.0e}"
+        allowed = TOLERANCES[quantity] + floor[quantity]
+        assert value <= allowed, f"{quantity}: {value:.2e} > {TOLERANCES[quantity]:.0e} + floor {floor[quantity]:.2e}"
 
 
 @pytest.mark.parametrize("name,stem,norm,seed", [(*c, s) for c in CONFIGS for s in (1, 2)] +
@@ -38,7 +49,8 @@ def test_float64_semantics_are_identical(name, stem, norm, seed):
     ResNet-50 in fp32 shows gradient gaps of 1e-1 while its logits agree), so any gap above 1e-9
     would be a real difference between the implementations."""
     arch = resnet(name, stem=stem, width=0.25, num_classes=100, norm=norm)
-    results = paired_forward_backward(arch, batch_size=4, image_size=32 if stem == "cifar" else 64, seed=seed, float64=True)
+    size = 32 if stem == "cifar" else 64
+    results = paired_forward_backward(arch, batch_size=4, image_size=size, seed=seed, float64=True)
     assert max(results.values()) < 1e-9, results
 
 
@@ -115,5 +127,6 @@ def test_channels_last_gives_the_same_logits():
     channels_last = make_torch(arch, channels_last=True).eval()
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
-        torch.testing.assert_close(channels_last(x.to(memory_format=torch.channels_last)), plain(x), rtol=1e-5, atol=1e-5)
+        got = channels_last(x.to(memory_format=torch.channels_last))
+        torch.testing.assert_close(got, plain(x), rtol=1e-5, atol=1e-5)
     assert channels_last.conv1.weight.is_contiguous(memory_format=torch.channels_last)

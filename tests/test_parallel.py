@@ -15,7 +15,7 @@ from helpers import train, weight_gap
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from experiments.paired import paired_config, run_framework
+from experiments.execution.paired import paired_config, run_framework
 
 TOLERANCE = 1e-9
 STEPS = 10
@@ -27,6 +27,7 @@ def _base(archive: Path, folder: Path, **changes) -> RunConfig:
     return paired_config(config, folder / "weights")  # every run from the same initial weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulation", [1, 2])
 def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path, accumulation):
     """With accumulation, DDP skips the all-reduce (no_sync) on all but the last micro-batch: still equal."""
@@ -39,6 +40,7 @@ def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar
     assert weight_gap(one, ddp) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_frameworks(cifar100_archive, tmp_path):
     """DDP normalises each replica's half on its own (rank 0's running statistics are kept): not the global
     batch. JAX's shard_map without sync_bn does the same, and the two agree with each other."""
@@ -46,7 +48,8 @@ def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_
     global_loss, _ = train("torch", base.replace(batch_size=16), tmp_path / "global.npz")
     ddp_loss, ddp = train("torch", base.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
     assert np.abs(global_loss - ddp_loss).max() > 1e-4
-    jax_loss, jax_weights = train("jax", base.replace(batch_size=8, devices=2, compile="compiled", jax_parallel="shard_map"),
+    jax_loss, jax_weights = train("jax", base.replace(batch_size=8, devices=2, compile="compiled",
+                                                      jax_parallel="shard_map"),
                                    tmp_path / "shard_map.npz")
     assert np.abs(ddp_loss - jax_loss).max() < 1e-7
     assert weight_gap(ddp, jax_weights) < 1e-7
@@ -70,14 +73,16 @@ def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp
     assert weight_gap(one, par) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_jax_on_two_processes_killed_and_resumed_ends_where_one_device_does(jax_one_device, tmp_path):
     """jax.distributed on localhost: 2 processes with 2 host devices each, every process loading its own half
     of the global batch, orbax checkpoints from both. Killed after step 7, the rerun resumes from step 6: its
     losses and final weights are one device's."""
     base, one_loss, one = jax_one_device
-    spread = base.replace(batch_size=4, devices=4, processes=2, checkpoint_dir=str(tmp_path / "checkpoints"), checkpoint_every=3)
+    spread = base.replace(batch_size=4, devices=4, processes=2, checkpoint_dir=str(tmp_path / "checkpoints"),
+                          checkpoint_every=3)
     killed = run_framework("jax", spread.replace(fail_after_step=7))
-    assert killed["status"] == "failed" and "exit code 9" in killed["error"]
+    assert killed.status == "failed" and "exit code 9" in killed.error
     resumed_loss, resumed = train("jax", spread.replace(resume=True), tmp_path / "resumed.npz")
     assert len(resumed_loss) == STEPS - 6
     assert np.abs(one_loss[6:] - resumed_loss).max() < TOLERANCE
@@ -93,7 +98,8 @@ def test_absent_devices_and_cpu_syncbatchnorm_are_named():
     with pytest.raises(ConfigError, match="xla_force_host_platform_device_count"):
         DataParallel.create(RunConfig(devices=64, compile="compiled"))
     with pytest.raises(ConfigError, match="SyncBatchNorm runs on GPUs only"):
-        torch_parallel.wrap(torch.nn.Linear(2, 2), RunConfig(sync_bn=True), torch_parallel.Replica(), torch.device("cpu"))
+        torch_parallel.wrap(torch.nn.Linear(2, 2), RunConfig(sync_bn=True), torch_parallel.Replica(),
+                            torch.device("cpu"))
     with pytest.raises(ConfigError, match="needs 2 processes"):
         torch_parallel.start(RunConfig(devices=2))
     with pytest.raises(ConfigError, match="sync_bn"):
@@ -106,7 +112,8 @@ def test_absent_devices_and_cpu_syncbatchnorm_are_named():
 
 def test_jax_processes_without_a_coordinator_are_named(cifar100_archive, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COORDINATOR_ADDRESS", "TWINRUN_PROCESS_ID")}
-    proc = subprocess.run([sys.executable, "-m", "experiments", "train", "--framework", "jax", "--data", str(cifar100_archive),
+    proc = subprocess.run([sys.executable, "-m", "experiments", "train", "--framework", "jax", "--data",
+                           str(cifar100_archive),
                            "--devices", "2", "--processes", "2", "--compile", "compiled", "--steps", "1",
                            "--out", str(tmp_path)], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0

@@ -1,6 +1,6 @@
-"""A 2-stage pipeline (GPipe over 2 micro-batches: fewer ticks to compile than the default 4) equals the unsplit model: torch.distributed.pipelining on 2
-gloo processes, JAX shard_map + ppermute on 2 host devices. In fp64, from the same initial weights, the losses
-of every step and the trained weights (so every step's gradients) agree."""
+"""A 2-stage pipeline (GPipe over 2 micro-batches: fewer ticks to compile than the default 4) equals the unsplit
+model: torch.distributed.pipelining on 2 gloo processes, JAX shard_map + ppermute on 2 host devices. In fp64, from
+the same initial weights, the losses of every step and the trained weights (so every step's gradients) agree."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import train, weight_gap
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from experiments.paired import paired_config
+from experiments.execution.paired import paired_config
 
 TOLERANCE = 1e-9
 STEPS = 6
@@ -29,6 +29,7 @@ def _train(framework: str, config: RunConfig, path: Path) -> tuple[np.ndarray, d
     return train(framework, config.replace(compile="eager") if framework == "torch" else config, path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_two_stage_pipeline_equals_the_unsplit_model(cifar100_archive, tmp_path, framework):
     base = _base(cifar100_archive, tmp_path, norm="group")  # GroupNorm: per sample, so micro-batches change nothing
@@ -39,11 +40,13 @@ def test_two_stage_pipeline_equals_the_unsplit_model(cifar100_archive, tmp_path,
     assert weight_gap(whole, piped) < TOLERANCE
 
 
+@pytest.mark.slow
 def test_pipeline_batchnorm_is_per_micro_batch_in_both_frameworks(cifar100_archive, tmp_path):
     """With BatchNorm each micro-batch is normalised on its own (running statistics included): torch's pipeline
     equals accumulation over the same 2 micro-batches on the unsplit model, and JAX's pipeline equals torch's."""
     base = _base(cifar100_archive, tmp_path)
-    accumulated_loss, accumulated = _train("torch", base.replace(batch_size=8, grad_accum_steps=2), tmp_path / "accumulated.npz")
+    accumulated_loss, accumulated = _train("torch", base.replace(batch_size=8, grad_accum_steps=2),
+                                           tmp_path / "accumulated.npz")
     torch_loss, torch_piped = _train("torch", base.replace(**PIPELINED), tmp_path / "torch.npz")
     assert np.abs(accumulated_loss - torch_loss).max() < TOLERANCE
     assert weight_gap(accumulated, torch_piped) < TOLERANCE

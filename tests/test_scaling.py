@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from common.config import RunConfig
 from experiments.__main__ import main
-from experiments.sweep import SWEEPS, sweep_plan
+from experiments.catalog.sweeps import SWEEPS
+from experiments.execution.plan import sweep_plan
 
 
 def _rows(folder, command: str) -> list[dict]:
@@ -15,8 +18,10 @@ def _rows(folder, command: str) -> list[dict]:
     return [r for r in rows if r.get("command") == command]
 
 
+@pytest.mark.slow
 def test_scaling_sweep_reports_throughput_and_efficiency_per_replica_count(cifar100_archive, tmp_path):
-    code = main(["sweep", "scaling", "--preset", "tiny", "--values", "1", "2", "--repeats", "1", "--data", str(cifar100_archive),
+    code = main(["sweep", "scaling", "--preset", "tiny", "--values", "1", "2", "--repeats", "1", "--data",
+                 str(cifar100_archive),
                  "--results", str(tmp_path), "--name", "scaling"])
     assert code == 0
     rows = _rows(tmp_path / "scaling", "sweep")
@@ -39,10 +44,12 @@ def test_pipeline_sweep_plans_one_and_two_stages_at_the_same_batch():
         ("1", "jax", 1, 64), ("1", "torch", 1, 64), ("2", "jax", 2, 64), ("2", "torch", 2, 64)]
 
 
+@pytest.mark.slow
 def test_ladder_over_two_replicas_names_the_jax_rungs_it_skips(cifar100_archive, tmp_path):
     # JAX only: torch's rungs need nothing new (DDP through the same runner as the scaling sweep above), and
     # torch.compile in 2 DDP processes on 2 cores costs a minute.
-    code = main(["ladder", "--preset", "tiny", "--devices", "2", "--repeats", "1", "--workers", "0", "--framework", "jax",
+    code = main(["ladder", "--preset", "tiny", "--devices", "2", "--repeats", "1", "--workers", "0", "--framework",
+                 "jax",
                  "--data", str(cifar100_archive), "--results", str(tmp_path), "--name", "ladder"])
     assert code == 0
     rows = {(r["rung"], r["framework"]): r for r in _rows(tmp_path / "ladder", "ladder")}

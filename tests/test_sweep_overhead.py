@@ -10,7 +10,8 @@ import pytest
 from common.config import RunConfig
 from common.errors import ConfigError
 from experiments.__main__ import main
-from experiments.sweep import SWEEPS, sweep_plan
+from experiments.catalog.sweeps import SWEEPS
+from experiments.execution.plan import sweep_plan
 
 
 def test_sweep_plans_keep_the_effective_batch_and_say_what_jax_lacks():
@@ -49,7 +50,7 @@ def test_overhead_measures_the_trainer_against_a_minimal_loop(cifar100_archive, 
 
 
 def test_overhead_torch_side_and_unsupported_configs(cifar100_archive, tmp_path):
-    from experiments.overhead import measure_in_process
+    from experiments.execution.overhead import measure_in_process
 
     config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=32, steps=6, epochs=None, timing_warmup=2,
                        eval_batches=1)

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
-from jax_impl.train import fit as jax_fit
+from common.workloads import arch
+from jax_impl.backend import fit as jax_fit
+from torch_impl.backend import fit as torch_fit
 from torch_impl.train import export_initial_weights
-from torch_impl.train import fit as torch_fit
 
 FITS = {"torch": torch_fit, "jax": lambda config: jax_fit(config.replace(compile="compiled"))}
 """Each framework's fast CPU path: torch eager (torch.compile costs ~20 s a run here) and JAX jit (op by op
@@ -44,21 +45,23 @@ def _relative_gaps(a, b) -> np.ndarray:
 def test_paired_trajectory_fp64_same_steps_same_accuracy(base):
     config = base.replace(precision="fp64")
     t, j = FITS["torch"](config), FITS["jax"](config)
-    assert t["status"] == j["status"] == "ok" and len(t["losses"]) == len(j["losses"]) == 20
-    assert _relative_gaps(j["losses"], t["losses"]).max() < 1e-8
-    assert t["eval"]["accuracy"] == j["eval"]["accuracy"]
-    assert abs(t["eval"]["loss"] - j["eval"]["loss"]) < 1e-8
-    assert t["final_lr"] == pytest.approx(j["final_lr"], abs=1e-9)
+    assert t.status == j.status == "ok" and len(t.losses) == len(j.losses) == 20
+    assert _relative_gaps(j.losses, t.losses).max() < 1e-8
+    assert t.eval.accuracy == j.eval.accuracy
+    assert abs(t.eval.loss - j.eval.loss) < 1e-8
+    assert t.final_lr == pytest.approx(j.final_lr, abs=1e-9)
 
 
 def test_paired_trajectory_fp32_agrees_before_the_noise_floor(base):
     """fp32: the first steps agree within the issue's 1e-4 (here the drift starts at step 3); later
-    steps drift no further apart than torch drifts from itself under a layout change (the noise floor)."""
+    steps drift no further apart than torch drifts from itself under a layout change (the noise floor).
+    The floor is this machine's own: on another CPU a ReLU may flip sooner, so the first steps are allowed
+    the same margin over it (fp64 above is the proof that the steps are the same)."""
     t, j = FITS["torch"](base), FITS["jax"](base)
-    assert _relative_gaps(j["losses"][:3], t["losses"][:3]).max() < 1e-4
     layout = FITS["torch"](base.replace(channels_last=True))
-    floor = _relative_gaps(layout["losses"], t["losses"]).max()
-    assert _relative_gaps(j["losses"], t["losses"]).max() < max(10 * floor, 1e-4)
+    floor = _relative_gaps(layout.losses, t.losses)
+    assert _relative_gaps(j.losses[:3], t.losses[:3]).max() < max(1e-4, 10 * floor[:3].max())
+    assert _relative_gaps(j.losses, t.losses).max() < max(10 * floor.max(), 1e-4)
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
@@ -67,8 +70,8 @@ def test_accumulating_4_micro_batches_of_8_equals_one_batch_of_32(base, framewor
     config = base.replace(norm="group", precision="fp64", steps=4, init_weights=None, eval_batches=None)
     big = FITS[framework](config.replace(batch_size=32))
     accumulated = FITS[framework](config.replace(batch_size=8, grad_accum_steps=4))
-    assert _relative_gaps(accumulated["losses"], big["losses"]).max() < 1e-6
-    assert accumulated["eval"]["loss"] == pytest.approx(big["eval"]["loss"], rel=1e-6)
+    assert _relative_gaps(accumulated.losses, big.losses).max() < 1e-6
+    assert accumulated.eval.loss == pytest.approx(big.eval.loss, rel=1e-6)
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
@@ -77,7 +80,7 @@ def test_accumulation_with_batchnorm_differs_from_the_big_batch(base, framework)
     config = base.replace(precision="fp64", steps=3, init_weights=None)
     big = FITS[framework](config.replace(batch_size=32))
     accumulated = FITS[framework](config.replace(batch_size=8, grad_accum_steps=4))
-    assert _relative_gaps(accumulated["losses"], big["losses"]).max() > 1e-4
+    assert _relative_gaps(accumulated.losses, big.losses).max() > 1e-4
 
 
 def test_linear_lr_scaling_rule(base):
@@ -92,13 +95,13 @@ def test_checkpointing_keeps_loss_and_lowers_saved_memory(base, framework):
     # eval loss after 3 steps moved by 2e-6 here), which would hide a real difference of that size
     config = base.replace(steps=3, precision="fp64")
     plain = FITS[framework](config)
-    remat = FITS[framework](config.replace(grad_checkpointing="all"))
-    assert _relative_gaps(remat["losses"], plain["losses"]).max() < 1e-9
+    remat = FITS[framework](config.replace(remat="all"))
+    assert _relative_gaps(remat.losses, plain.losses).max() < 1e-9
     # running statistics are not updated twice by the recomputation: evaluation is unchanged
-    assert remat["eval"]["loss"] == pytest.approx(plain["eval"]["loss"], rel=1e-9)
+    assert remat.eval.loss == pytest.approx(plain.eval.loss, rel=1e-9)
     # torch: bytes its saved-tensor hooks see; JAX: bytes of its residuals (XLA:CPU's compiled temp size
     # does not shrink with remat here, so it cannot show the saving on this machine)
-    assert remat["memory"]["saved_for_backward_bytes"] < 0.5 * plain["memory"]["saved_for_backward_bytes"]
+    assert remat.memory.saved_for_backward_bytes < 0.5 * plain.memory.saved_for_backward_bytes
 
 
 def test_checkpointing_gradients_unchanged_torch(base):
@@ -106,16 +109,18 @@ def test_checkpointing_gradients_unchanged_torch(base):
 
     from torch_impl.train import make_model
 
-    config = base.replace(grad_checkpointing="all")
-    x = torch.randn(8, 3, 32, 32)
+    # fp64, as every exact claim here: in fp32 a recomputed ReLU input within rounding of zero could flip on
+    # some CPU and move one gradient by ~1e-2, which says nothing about recomputation itself
+    config = base.replace(remat="all", precision="fp64")
+    x = torch.randn(8, 3, 32, 32, dtype=torch.float64)
     grads = []
     for stages in ((), (1, 2, 3, 4)):
-        model = make_model(config, config.arch(100), torch.device("cpu"))
+        model = make_model(config, arch(config, 100), torch.device("cpu"))
         model.checkpoint_stages = frozenset(stages)
         model(x).logsumexp(1).mean().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
-        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-9, atol=1e-12)
 
 
 def test_checkpointing_gradients_unchanged_jax(base):
@@ -124,19 +129,21 @@ def test_checkpointing_gradients_unchanged_jax(base):
 
     from jax_impl.models import init_variables, make_model
 
-    arch = base.arch(100)
-    x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 32, 32, 3)), jnp.float32)
-    variables = init_variables(make_model(arch), jax.random.key(0))
-    grads = []
-    for stages in ((), (1, 2, 3, 4)):
-        model = make_model(arch, checkpoint_stages=stages)
+    description = arch(base, 100)
+    with jax.enable_x64(True):  # fp64: see the torch twin above
+        x = jnp.asarray(np.random.default_rng(0).normal(size=(8, 32, 32, 3)), jnp.float64)
+        variables = init_variables(make_model(description), jax.random.key(0))
+        variables = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables)
+        grads = []
+        for stages in ((), (1, 2, 3, 4)):
+            model = make_model(description, dtype=jnp.float64, checkpoint_stages=stages)
 
-        def loss(params, model=model):
-            out, _ = model.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
-            return jax.nn.logsumexp(out, axis=1).mean()
+            def loss(params, model=model):
+                out, _ = model.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])
+                return jax.nn.logsumexp(out, axis=1).mean()
 
-        grads.append(jax.jit(jax.grad(loss))(variables["params"]))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads[1], grads[0])
+            grads.append(jax.jit(jax.grad(loss))(variables["params"]))
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), grads[1], grads[0])
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
@@ -145,10 +152,10 @@ def test_compiled_equals_eager_and_a_short_last_batch_recompiles_once(base, fram
     config = base.replace(batch_size=128, steps=5)
     eager = FITS_BY_MODE[framework](config.replace(steps=3))  # op by op JAX is slow: the 3 steps compared
     compiled = FITS_BY_MODE[framework](config.replace(compile="compiled"))
-    assert _relative_gaps(compiled["losses"][:3], eager["losses"][:3]).max() < 1e-5
-    assert compiled["recompiles"] == 1 and eager["recompiles"] == 0
+    assert _relative_gaps(compiled.losses[:3], eager.losses[:3]).max() < 1e-5
+    assert compiled.recompiles == 1 and eager.recompiles == 0
     dropped = FITS_BY_MODE[framework](config.replace(compile="compiled", drop_last=True))
-    assert dropped["recompiles"] == 0 and dropped["steps_done"] == 5
+    assert dropped.recompiles == 0 and dropped.steps_done == 5
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
@@ -158,8 +165,8 @@ def test_mixed_precision_follows_fp32(base, framework, precision):
     digits; the fp32 noise floor alone reaches ~1e-2 here)."""
     reference = FITS[framework](base)
     mixed = FITS[framework](base.replace(precision=precision))
-    assert mixed["status"] == "ok"
-    assert _relative_gaps(mixed["losses"], reference["losses"]).max() < 0.05
+    assert mixed.status == "ok"
+    assert _relative_gaps(mixed.losses, reference.losses).max() < 0.05
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
@@ -167,38 +174,38 @@ def test_fp16_loss_scaler_skips_an_injected_inf_and_recovers(base, framework):
     config = base.replace(precision="fp16", steps=8, inject_inf_at_step=2, loss_scale_init=1024.0,
                           loss_scale_growth_interval=3)
     result = FITS[framework](config)
-    scales = result["loss_scales"]  # the scale after each step
-    assert result["status"] == "ok" and all(np.isfinite(result["losses"]))
+    scales = result.loss_scales  # the scale after each step
+    assert result.status == "ok" and all(np.isfinite(result.losses))
     assert scales[:2] == [1024.0, 1024.0]
     assert scales[2] == 512.0  # halved, step skipped
     assert scales[5] == 1024.0  # three good steps later it grows again
     # the skipped step left the schedule where it was: 8 steps, 7 of them real updates
     steps_taken = RunConfig.from_dict({**config.to_dict(), "inject_inf_at_step": None, "precision": "fp32"})
-    from common.config import learning_rate
+    from common.schedule import learning_rate
 
     total = 8
-    assert result["final_lr"] == pytest.approx(float(learning_rate(7, steps_taken, total, np)), rel=1e-6)
+    assert result.final_lr == pytest.approx(float(learning_rate(7, steps_taken, total, np)), rel=1e-6)
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_a_diverging_run_is_recorded_as_diverged(base, framework):
     result = FITS[framework](base.replace(lr=1e6, warmup_steps=0, steps=10))
-    assert result["status"] == "diverged"
-    last, first = result["losses"][-1], result["losses"][0]
-    assert (not np.isfinite(last) or last > 100 * first) and len(result["losses"]) < 10  # stopped at once
-    assert "eval" not in result
+    assert result.status == "diverged"
+    last, first = result.losses[-1], result.losses[0]
+    assert (not np.isfinite(last) or last > 100 * first) and len(result.losses) < 10  # stopped at once
+    assert result.eval is None
 
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_resume_after_a_killed_process_continues_the_same_curve(base, framework, tmp_path):
-    from experiments.paired import run_framework
+    from experiments.execution.paired import run_framework
 
     config = base.replace(steps=10, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=4,
                           compile="compiled" if framework == "jax" else "eager")  # each framework's fast path
     full = run_framework(framework, config.replace(checkpoint_dir=str(tmp_path / "full")))
     killed = run_framework(framework, config.replace(fail_after_step=6))
-    assert killed["status"] == "failed" and "exit code 9" in killed["error"]
+    assert killed.status == "failed" and "exit code 9" in killed.error
     resumed = run_framework(framework, config.replace(resume=True))
-    assert resumed["status"] == "ok" and resumed["start_step"] == 4
-    assert _relative_gaps(resumed["losses"], full["losses"][4:]).max() < 1e-6
-    assert resumed["eval"]["accuracy"] == full["eval"]["accuracy"]
+    assert resumed.status == "ok" and resumed.start_step == 4
+    assert _relative_gaps(resumed.losses, full.losses[4:]).max() < 1e-6
+    assert resumed.eval.accuracy == full.eval.accuracy

@@ -91,7 +91,9 @@ class TorchLoader:
         return iter(self.loader)
 
 
-def make_loader(source: Source, options: LoaderOptions, train: bool = True) -> TorchLoader:
+def make_loader(source: Source, options: LoaderOptions, *, train: bool) -> TorchLoader:
+    """``train``: augmented and shuffled (the training split); otherwise normalised, un-augmented images in file
+    order (evaluation). No default: an evaluation loader built with the training transform went unseen before."""
     return TorchLoader(source, options, train)
 
 

@@ -104,7 +104,8 @@ def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
         def predict(images: np.ndarray) -> np.ndarray:
             return session.run(["logits"], {"images": to_nchw(np.ascontiguousarray(images)).numpy()})[0]
 
-        return predict, f"ONNX (opset {_opset(folder / 'model.onnx')}) under onnxruntime {ort.__version__}, CPU provider"
+        opset = _opset(folder / "model.onnx")
+        return predict, f"ONNX (opset {opset}) under onnxruntime {ort.__version__}, CPU provider"
     if name == "tensorrt":
         if device.type != "cuda":
             raise Unavailable("TensorRT needs a CUDA GPU; none here")

@@ -136,7 +136,7 @@ def _frozen_bn_statistics(module: nn.Module) -> Iterator[None]:
     try:
         yield
     finally:
-        for m, momentum in zip(norms, momenta):
+        for m, momentum in zip(norms, momenta, strict=True):
             m.momentum = momentum
 
 

@@ -34,7 +34,8 @@ class Replica:
 
 
 def from_environment() -> Replica:
-    return Replica(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+    return Replica(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def start(config: RunConfig) -> Replica:
@@ -42,7 +43,8 @@ def start(config: RunConfig) -> Replica:
     replica = from_environment()
     wanted = config.devices * config.pipeline_stages  # a process per data-parallel replica, or per pipeline stage
     if replica.world_size != wanted:
-        raise ConfigError(f"devices={config.devices}, pipeline_stages={config.pipeline_stages} needs {wanted} processes "
+        raise ConfigError(f"devices={config.devices}, pipeline_stages={config.pipeline_stages} needs {wanted} "
+                          f"processes "
                           f"(torchrun --nproc-per-node {wanted}); this one sees WORLD_SIZE={replica.world_size}")
     if replica.distributed and not dist.is_initialized():
         cuda = torch.cuda.is_available()
@@ -67,7 +69,8 @@ def wrap(model: torch.nn.Module, config: RunConfig, replica: Replica, device: to
         return model
     if config.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.nn.parallel.DistributedDataParallel(model,
+                                                     device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def no_sync(model: torch.nn.Module, last_micro_batch: bool) -> contextlib.AbstractContextManager:

@@ -39,7 +39,8 @@ def stage_modules(model: ResNet) -> list[nn.Sequential]:
 def notes(config: RunConfig) -> list[str]:
     """What the result should say about this pipeline (jax_impl/pipeline.py's mirror). The process count is
     checked by parallel.start: devices x pipeline_stages processes."""
-    return [f"pipeline: {STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches (torch.distributed.pipelining)"]
+    return [f"pipeline: {STAGES} stages, GPipe over {config.pipeline_micro_batches} micro-batches "
+            f"(torch.distributed.pipelining)"]
 
 
 def make_train_step(config: RunConfig, model: ResNet, optimizer, scheduler, replica: Replica, device: torch.device,

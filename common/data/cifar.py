@@ -152,7 +152,8 @@ def read_cifar(path: str | Path, kind: str, split: str) -> tuple[np.ndarray, np.
             raise DataError(f"corrupt CIFAR file {where}: keys 'data' and '{layout.label_key}' are required")
         data = np.asarray(entry["data"])
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:
-            raise DataError(f"corrupt CIFAR file {where}: 'data' must be uint8 (N, 3072), found {data.dtype} {data.shape}")
+            raise DataError(f"corrupt CIFAR file {where}: 'data' must be uint8 (N, 3072), found {data.dtype} "
+                            f"{data.shape}")
         split_labels = np.asarray(entry[layout.label_key], dtype=np.int64)
         if split_labels.shape != (data.shape[0],):
             raise DataError(f"corrupt CIFAR file {where}: {len(split_labels)} labels for {data.shape[0]} images")
@@ -163,7 +164,8 @@ def read_cifar(path: str | Path, kind: str, split: str) -> tuple[np.ndarray, np.
     if bad.any():
         first = int(np.flatnonzero(bad)[0])
         raise DataError(
-            f"{kind} data at {path}: label {int(all_labels[first])} at index {first} is outside 0..{layout.num_classes - 1}"
+            f"{kind} data at {path}: label {int(all_labels[first])} at index {first} is outside "
+            f"0..{layout.num_classes - 1}"
         )
     return np.ascontiguousarray(np.concatenate(images)), all_labels, class_names
 

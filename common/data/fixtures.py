@@ -86,7 +86,7 @@ def write_cifar_archive(
         }))
     else:
         chunks = np.array_split(np.arange(n_train), len(layout.train_files))
-        for number, (name, chunk) in enumerate(zip(layout.train_files, chunks), start=1):
+        for number, (name, chunk) in enumerate(zip(layout.train_files, chunks, strict=True), start=1):
             files.append((name, {
                 "batch_label": f"training batch {number} of 5",
                 "labels": [train_labels[i] for i in chunk],

@@ -34,7 +34,8 @@ class EpochSampler:
             raise DataError(f"rank {self.rank} is not valid for world_size {self.world_size}")
         if self.drop_last and self.num_samples < self.global_batch_size:
             raise DataError(
-                f"drop_last with {self.num_samples} samples and a global batch of {self.global_batch_size} leaves no batch"
+                f"drop_last with {self.num_samples} samples and a global batch of {self.global_batch_size} "
+                "leaves no batch"
             )
 
     @property

@@ -49,7 +49,8 @@ class SyntheticSource:
 
     synthetic = True
 
-    def __init__(self, size: int, num_classes: int, image_shape: tuple[int, int, int] = (32, 32, 3), seed: int = 0) -> None:
+    def __init__(self, size: int, num_classes: int, image_shape: tuple[int, int, int] = (32, 32, 3),
+                 seed: int = 0) -> None:
         if size <= 0 or num_classes <= 0:
             raise DataError(f"synthetic source needs size > 0 and num_classes > 0, got {size} and {num_classes}")
         self.name = "synthetic"
@@ -121,7 +122,8 @@ def _tfds_source(dataset: str, split: str, path: str | Path | None) -> ArraySour
 KNOWN_SOURCES = ("cifar100", "cifar10", "tfds:cifar100", "tfds:cifar10", "synthetic")
 
 
-def load_source(name: str, split: str = "train", path: str | Path | None = None, png: bool = False, **opts: Any) -> Source:
+def load_source(name: str, split: str = "train", path: str | Path | None = None, png: bool = False,
+                **opts: Any) -> Source:
     """Opens a data source by name; ``png=True`` wraps it so every access decodes a PNG.
 
     ``synthetic`` takes ``size``, ``num_classes``, ``image_shape`` and ``seed``.
@@ -137,7 +139,8 @@ def load_source(name: str, split: str = "train", path: str | Path | None = None,
         raise DataError(f"source '{name}' takes no option(s) {', '.join(unknown)}")
     if name in ("cifar100", "cifar10"):
         if path is None:
-            raise DataError(f"source '{name}' needs a path: the official archive '{LAYOUTS[name].archive_name}' or its folder")
+            raise DataError(f"source '{name}' needs a path: the official archive '{LAYOUTS[name].archive_name}' or "
+                            f"its folder")
         images, labels, _ = read_cifar(path, name, split)
         source = ArraySource(name, images, labels, LAYOUTS[name].num_classes)
     elif name in ("tfds:cifar100", "tfds:cifar10"):

@@ -8,20 +8,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from common.config import RunConfig, open_sources
-from experiments.runner import run_isolated
+from common.config import RunConfig
+from common.results import RunResult
+from common.workloads import num_classes
+from experiments.execution.runner import run_isolated
 
-FRAMEWORKS = ("torch", "jax")
 
-
-def initial_weights(config: RunConfig, folder: Path, num_classes: int) -> Path:
+def initial_weights(config: RunConfig, folder: Path, classes: int) -> Path:
     """The torch-initialised weights for this model and seed (made once, in a torch-only process)."""
     identity = {k: config.to_dict()[k] for k in ("model", "stem", "width", "norm", "zero_init_residual", "seed")}
-    digest = hashlib.sha1(json.dumps({**identity, "classes": num_classes}, sort_keys=True).encode()).hexdigest()[:12]
+    digest = hashlib.sha1(json.dumps({**identity, "classes": classes}, sort_keys=True).encode()).hexdigest()[:12]
     path = folder / f"init-{digest}.npz"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        result = run_isolated("init-weights", {"config": config.to_dict(), "num_classes": num_classes, "path": str(path)})
+        result = run_isolated("init-weights", {"config": config.to_dict(), "num_classes": classes, "path": str(path)})
         if result["status"] != "ok":
             raise RuntimeError(f"could not make initial weights: {result['error']}")
     return path
@@ -31,8 +31,8 @@ def paired_config(config: RunConfig, folder: Path) -> RunConfig:
     """``config`` with ``init_weights`` set, so both frameworks start from the same weights."""
     if config.init_weights:
         return config
-    train, _ = open_sources(config)  # also a clear error for a missing or corrupt data set, before any run
-    return config.replace(init_weights=str(initial_weights(config, folder, train.num_classes)))
+    classes = num_classes(config)  # also a clear error for a missing or corrupt data set, before any run
+    return config.replace(init_weights=str(initial_weights(config, folder, classes)))
 
 
 def _with_host_devices(count: int) -> dict[str, str]:
@@ -42,7 +42,9 @@ def _with_host_devices(count: int) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": flags}
 
 
-def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> dict[str, Any]:
+def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> RunResult:
+    """One training run of ``framework`` in its own process(es): torchrun for torch's replicas and stages, local
+    jax.distributed processes for JAX's; a process that died or timed out is a failed result with the reason."""
     env, processes, launcher = None, 1, "torchrun"
     if config.pipeline_stages > 1 and framework == "torch":
         processes = config.pipeline_stages  # one process per stage
@@ -53,7 +55,15 @@ def run_framework(framework: str, config: RunConfig, timeout_s: float | None = N
     elif config.devices > 1:  # JAX: ``processes`` over jax.distributed; on a CPU host, XLA gives each its devices
         processes, launcher = config.processes, "jax.distributed"
         env = _with_host_devices(config.devices // config.processes)
-    result = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s,
-                          env=env, processes=processes, launcher=launcher)
-    result.setdefault("framework", framework)
-    return result
+    row = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s,
+                       env=env, processes=processes, launcher=launcher)
+    return result_of(framework, row)
+
+
+def result_of(framework: str, row: dict[str, Any]) -> RunResult:
+    """The worker's JSON as a RunResult; a job that failed before the trainer answered (a crash, a timeout, an
+    error raised in the worker) is ``RunResult.failed`` with its error."""
+    if "framework" not in row:
+        return RunResult.failed(framework, str(row.get("error", "no result")), status=row.get("status", "failed"),
+                                traceback=row.get("traceback"))
+    return RunResult.from_row(row)

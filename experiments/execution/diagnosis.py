@@ -1,4 +1,4 @@
-"""``twinrun diagnose``: is a run input-bound, compute-bound or overhead-bound, and the evidence.
+"""Is a run input-bound, compute-bound or overhead-bound, and the evidence.
 
 Evidence, per framework, from two short isolated runs of the config:
 - the data-wait fraction of the steady-state steps (time blocked on the loader / all step time);
@@ -10,7 +10,7 @@ Evidence, per framework, from two short isolated runs of the config:
 
 from __future__ import annotations
 
-import argparse
+import json
 import statistics
 import threading
 import time
@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.config import RunConfig, add_config_arguments, config_from_args
-from common.results import atomic_write_text
+from common.config import RunConfig
+from common.results import RunResult, Summary, atomic_write_text
+from experiments.catalog.defaults import with_default_data
+from experiments.execution.paired import paired_config, run_framework
 
 # The loader stalls the device for at least a quarter of every step: faster compute would not help.
 INPUT_BOUND_WAIT = 0.25
@@ -66,7 +68,7 @@ class GpuSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         try:
-            import pynvml
+            import pynvml  # optional (the gpu extra): imported only where a sampler is made
 
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -98,87 +100,65 @@ class GpuSampler:
         return {"median": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))], "n": len(ordered)}
 
 
-def _run(framework: str, config: RunConfig, timeout_s: float | None) -> dict[str, Any]:
-    from experiments.paired import run_framework
-
-    result = run_framework(framework, config, timeout_s)
-    if result.get("status") != "ok":
-        raise RuntimeError(f"{framework} run at batch {config.batch_size} {result.get('status')}: {result.get('error', '')}")
-    return result
-
-
-def diagnose(framework: str, config: RunConfig, out: Path, profile_steps: int = 3,
-             timeout_s: float | None = None) -> Diagnosis:
-    from experiments.paired import paired_config
-
-    # Torch's initial weights for both frameworks: the same starting point, and Flax's own jitted init
-    # would cost a 6 s compilation (XLA:CPU, its random initializers) in every run.
-    config = paired_config(config, out / "weights")
-    traced = config.replace(profile_steps=profile_steps, profile_dir=str(out / framework / "profile"),
-                            steps=(config.steps or 0) + profile_steps)
-    with GpuSampler() as sampler:
-        at_b = _run(framework, traced, timeout_s)
-    at_2b = _run(framework, config.replace(batch_size=2 * config.batch_size), timeout_s)
-    timing_b, timing_2b = at_b["timing"], at_2b["timing"]
-    wait = float(timing_b["data_wait_fraction"])
-    compute_b, compute_2b = timing_b["compute_s"]["median"], timing_2b["compute_s"]["median"]
-    ratio = compute_2b / compute_b
-    gpu = sampler.summary()
-    verdict = classify(wait, ratio, gpu["median"] if gpu else None)
-    evidence = [
-        f"data wait: {100 * wait:.1f}% of each steady-state step (input-bound from {100 * INPUT_BOUND_WAIT:.0f}%)",
-        f"batch doubling: compute {compute_b * 1e3:.1f} ms at B={config.batch_size} -> {compute_2b * 1e3:.1f} ms at "
-        f"2B, x{ratio:.2f} (x2 = all work scales with the batch: compute-bound from x{COMPUTE_BOUND_RATIO}; "
-        f"x1 = fixed per-step costs: overhead-bound)",
-        f"GPU utilisation (NVML, whole run): median {gpu['median']:.0f}%, p90 {gpu['p90']:.0f}%" if gpu
-        else (sampler.unavailable or "GPU utilisation: no samples"),
-    ]
-    profile = at_b.get("profile")
-    if profile and profile.get("top_ops"):
-        top = ", ".join(f"{op['name']} {op['ms']:.1f} ms" for op in profile["top_ops"][:3])
-        evidence.append(f"profiler ({profile['tool']}, {profile['steps']} steps, by {profile['ranked_by']}): {top}; "
-                        f"trace {profile['trace']}")
-    return Diagnosis(framework=framework, verdict=verdict, evidence=evidence, data_wait_fraction=wait,
-                     step_ms=timing_b["step_s"]["median"] * 1e3, compute_ms_at_b=compute_b * 1e3,
-                     compute_ms_at_2b=compute_2b * 1e3, doubling_ratio=ratio, batch_size=config.batch_size,
-                     gpu_utilisation=gpu, profile=profile, runs={"device": str(at_b.get("device"))})
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--framework", choices=("torch", "jax", "both"), default="both")
-    parser.add_argument("--out", default="results/diagnose")
-    parser.add_argument("--timeout", type=float, default=1800.0)
-    add_config_arguments(parser)
-
-
 def diagnosis_config(config: RunConfig) -> RunConfig:
     """A short run of ``config``: 12 steps unless given, one evaluation batch (accuracy is not the point)."""
-    from experiments.defaults import with_default_data
-
     config = with_default_data(config)
     if config.steps is None:
         config = config.replace(steps=12, epochs=None)
     return config.replace(eval_batches=1, profile_steps=0, profile_dir=None)  # diagnose() adds the traced steps
 
 
-def run(args: argparse.Namespace) -> int:
-    import json
+def _run(framework: str, config: RunConfig, timeout_s: float | None) -> tuple[RunResult, Summary]:
+    """A finished run and its compute-time summary (an error if it failed or timed no step)."""
+    result = run_framework(framework, config, timeout_s)
+    if not result.ok:
+        raise RuntimeError(f"{framework} run at batch {config.batch_size} {result.status}: {result.error or ''}")
+    if result.timing.compute_s is None:
+        raise RuntimeError(f"{framework} run at batch {config.batch_size} timed no step: give more steps than "
+                           f"timing_warmup ({config.timing_warmup})")
+    return result, result.timing.compute_s
 
-    from experiments.paired import FRAMEWORKS
-    from experiments.plan import console_for_output
 
-    config = diagnosis_config(config_from_args(args))
-    out = Path(args.out)
-    console = console_for_output()
-    results = []
-    for framework in FRAMEWORKS if args.framework == "both" else (args.framework,):
-        console.print(f"[bold]diagnose[/] {framework}: runs at batch {config.batch_size} (traced) and {2 * config.batch_size} ...")
-        found = diagnose(framework, config, out, args.profile_steps or 3, args.timeout)
-        results.append(found)
-        console.print(f"[bold]{framework}: {found.verdict}[/]")
-        for line in found.evidence:
-            console.print(f"  - {line}")
-    atomic_write_text(out / "diagnosis.json", json.dumps({"config": config.to_dict(), "diagnoses": [asdict(d) for d in results]},
-                                                         indent=1, default=str))
-    console.print(f"written: {out / 'diagnosis.json'}")
-    return 0
+def _profile_line(profile: dict[str, Any] | None) -> str | None:
+    if not profile or not profile.get("top_ops"):
+        return None
+    top = ", ".join(f"{op['name']} {op['ms']:.1f} ms" for op in profile["top_ops"][:3])
+    return (f"profiler ({profile['tool']}, {profile['steps']} steps, by {profile['ranked_by']}): {top}; "
+            f"trace {profile['trace']}")
+
+
+def diagnose(framework: str, config: RunConfig, out: Path, profile_steps: int = 3,
+             timeout_s: float | None = None) -> Diagnosis:
+    # Torch's initial weights for both frameworks: the same starting point, and Flax's own jitted init
+    # would cost a 6 s compilation (XLA:CPU, its random initializers) in every run.
+    config = paired_config(config, out / "weights")
+    traced = config.replace(profile_steps=profile_steps, profile_dir=str(out / framework / "profile"),
+                            steps=(config.steps or 0) + profile_steps)
+    with GpuSampler() as sampler:
+        at_b, compute_b = _run(framework, traced, timeout_s)
+    _, compute_2b = _run(framework, config.replace(batch_size=2 * config.batch_size), timeout_s)
+    wait = at_b.timing.data_wait_fraction
+    ratio = compute_2b.median / compute_b.median
+    gpu = sampler.summary()
+    verdict = classify(wait, ratio, gpu["median"] if gpu else None)
+    evidence = [
+        f"data wait: {100 * wait:.1f}% of each steady-state step (input-bound from {100 * INPUT_BOUND_WAIT:.0f}%)",
+        f"batch doubling: compute {compute_b.median * 1e3:.1f} ms at B={config.batch_size} -> "
+        f"{compute_2b.median * 1e3:.1f} ms at 2B, x{ratio:.2f} (x2 = all work scales with the batch: compute-bound "
+        f"from x{COMPUTE_BOUND_RATIO}; x1 = fixed per-step costs: overhead-bound)",
+        f"GPU utilisation (NVML, whole run): median {gpu['median']:.0f}%, p90 {gpu['p90']:.0f}%" if gpu
+        else (sampler.unavailable or "GPU utilisation: no samples"),
+    ]
+    profile_line = _profile_line(at_b.profile)
+    if profile_line:
+        evidence.append(profile_line)
+    return Diagnosis(framework=framework, verdict=verdict, evidence=evidence, data_wait_fraction=wait,
+                     step_ms=at_b.timing.step_median_s * 1e3, compute_ms_at_b=compute_b.median * 1e3,
+                     compute_ms_at_2b=compute_2b.median * 1e3, doubling_ratio=ratio, batch_size=config.batch_size,
+                     gpu_utilisation=gpu, profile=at_b.profile, runs={"device": str(at_b.device)})
+
+
+def write_diagnoses(path: Path, config: RunConfig, diagnoses: list[Diagnosis]) -> Path:
+    text = json.dumps({"config": config.to_dict(), "diagnoses": [asdict(d) for d in diagnoses]}, indent=1, default=str)
+    atomic_write_text(path, text)
+    return path

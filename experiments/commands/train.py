@@ -19,32 +19,31 @@ import argparse
 import json
 from pathlib import Path
 
-from common.config import add_config_arguments, config_from_args
-from common.results import atomic_write_text
+from common.cli import add_config_arguments, config_from_args
+from common.results import RunResult, atomic_write_text
+from experiments.catalog.defaults import with_default_data
+from experiments.execution.frameworks import fit_function
+from experiments.execution.runner import speaks_for_the_job
+from experiments.options import add_framework_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--framework", choices=("torch", "jax"), required=True)
+    add_framework_argument(parser, both=False)
     parser.add_argument("--out", default="results/train")
     add_config_arguments(parser)
 
 
-def run(args: argparse.Namespace) -> int:
-    from experiments.defaults import with_default_data
-    from experiments.worker import speaks_for_the_job
+def summary(framework: str, result: RunResult, path: Path) -> str:
+    return (f"{framework}: {result.status}, {result.steps_done} steps, {result.replicas} replica(s), "
+            f"median step {result.timing.step_median_s * 1e3:.1f} ms, final loss {result.final_loss:.4f}; {path}")
 
-    config = config_from_args(args)
-    config = with_default_data(config)
-    if args.framework == "torch":
-        from torch_impl.train import fit
-    else:
-        from jax_impl.train import fit
-    result = fit(config)
-    if speaks_for_the_job(result):
+
+def run(args: argparse.Namespace) -> int:
+    config = with_default_data(config_from_args(args))
+    result = fit_function(args.framework)(config)
+    row = result.to_row()
+    if speaks_for_the_job(row):
         path = Path(args.out) / f"{args.framework}-result.json"
-        atomic_write_text(path, json.dumps({"config": config.to_dict(), **result}, default=str, indent=1))
-        step = result.get("timing", {}).get("step_s", {}).get("median", float("nan"))
-        print(f"{args.framework}: {result['status']}, {result['steps_done']} steps, {result.get('replicas', 1)} replica(s), "
-              f"median step {step * 1e3:.1f} ms, final loss {result['losses'][-1] if result['losses'] else float('nan'):.4f}; "
-              f"{path}")
-    return 0 if result["status"] == "ok" else 1
+        atomic_write_text(path, json.dumps({"config": config.to_dict(), **row}, default=str, indent=1))
+        print(summary(args.framework, result, path))
+    return 0 if result.ok else 1

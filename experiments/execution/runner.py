@@ -14,22 +14,29 @@ from pathlib import Path
 from typing import Any
 
 LAUNCHERS = ("torchrun", "jax.distributed")
+# Names a torch inductor cache folder that every isolated run shares (tests only: it makes compile times cache hits).
+SHARED_INDUCTOR_CACHE = "TWINRUN_SHARED_INDUCTOR_CACHE"
+WORKER = "experiments.execution.worker"
 
 
 def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = None,
                  env: dict[str, str] | None = None, processes: int = 1, launcher: str = "torchrun") -> dict[str, Any]:
-    """Runs ``experiments.worker`` for ``task`` in a subprocess; returns its result, or a failed result carrying
-    the end of its error output. ``processes`` > 1: that many, started by torchrun (which sets RANK and the
+    """Runs ``experiments.execution.worker`` for ``task`` in a subprocess; returns its result, or a failed result
+    carrying the end of its error output. ``processes`` > 1: that many, started by torchrun (which sets RANK and the
     rendezvous) or, for JAX, as local processes that join one jax.distributed coordinator; process 0 answers."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
     with tempfile.TemporaryDirectory(prefix="twinrun-") as folder:
         out = Path(folder) / "result.json"
-        command = [sys.executable, "-m", "experiments.worker", task, json.dumps(payload), str(out)]
+        command = [sys.executable, "-m", WORKER, task, json.dumps(payload), str(out)]
         # A compile cache of its own: inductor's on-disk cache would otherwise turn a later run's
-        # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation.
-        run_env = {**(env if env is not None else os.environ), "TORCHINDUCTOR_CACHE_DIR": str(Path(folder) / "inductor")}
-        if processes > 1 and launcher == "torchrun":  # torchrun's own launcher; --standalone picks a free local rendezvous
+        # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation. The test suite,
+        # which reads no compile time, shares one instead (SHARED_INDUCTOR_CACHE, set in tests/conftest.py).
+        base_env = env if env is not None else os.environ
+        cache = base_env.get(SHARED_INDUCTOR_CACHE) or str(Path(folder) / "inductor")
+        run_env = {**base_env, "TORCHINDUCTOR_CACHE_DIR": cache}
+        # torchrun's own launcher; --standalone picks a free local rendezvous
+        if processes > 1 and launcher == "torchrun":
             command[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m"]
         if processes > 1 and launcher == "jax.distributed":
             coordinator = {"JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{_free_port()}"}
@@ -77,6 +84,14 @@ def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | 
         for _, handle in procs:
             handle.close()
         return returncode, tail
+
+
+def speaks_for_the_job(row: dict[str, Any]) -> bool:
+    """Rank / process 0 writes the result of a run over several processes (torchrun or jax.distributed); a
+    failure before the trainer knew its place is written by any process that has one to tell."""
+    if "process_index" in row:
+        return row["process_index"] == 0
+    return os.environ.get("RANK", os.environ.get("TWINRUN_PROCESS_ID", "0")) == "0" or row.get("status") == "failed"
 
 
 def _free_port() -> int:

@@ -18,7 +18,8 @@ def with_default_data(config: RunConfig) -> RunConfig:
     return config
 
 
-def default_archive(kind: str = "cifar100", n_train: int = 5000, n_test: int = 1000, root: Path = DEFAULT_DATA_ROOT) -> Path:
+def default_archive(kind: str = "cifar100", n_train: int = 5000, n_test: int = 1000,
+                    root: Path = DEFAULT_DATA_ROOT) -> Path:
     """Path to a generated ``kind`` archive in the official format (made once, then reused)."""
     folder = root / f"generated-{kind}-{n_train}-{n_test}"
     archive = folder / LAYOUTS[kind].archive_name

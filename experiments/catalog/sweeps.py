@@ -1,0 +1,110 @@
+"""The sweeps: one technique's knob over several values, everything else at the preset's baseline."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from common.config import RunConfig
+from common.errors import ConfigError
+
+# How each framework is normally run (``--compile native``): op-by-op JAX is dispatch-bound and hides every technique.
+NATIVE_MODES = {"torch": "eager", "jax": "compiled"}
+COMPILE_OPTIONS = ("native", "eager", "compiled")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    knob: str  # what is varied, for the report
+    default_values: Callable[[RunConfig, bool], list[str]]  # (base config, CUDA present) -> values
+    # (value, base, framework) -> config changes; None: the value has no meaning in that framework
+    overrides: Callable[[str, RunConfig, str], dict[str, Any] | None]
+
+
+def _int(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"sweep value '{value}' is not a whole number") from None
+
+
+def _workers(value: str, base: RunConfig, framework: str) -> dict[str, Any]:
+    workers = _int(value)
+    return {"workers": workers, "persistent_workers": workers > 0, "prefetch": 4 if workers else 2}
+
+
+def _accumulation(value: str, base: RunConfig, framework: str) -> dict[str, Any]:
+    # The effective batch stays the preset's: k micro-batches of B/k (memory per micro-batch falls, the
+    # update is the same one as a B batch, so the LR is not rescaled).
+    k = _int(value)
+    if base.batch_size % k:
+        raise ConfigError(f"accumulation k={k} does not divide the batch size {base.batch_size}")
+    return {"grad_accum_steps": k, "batch_size": base.batch_size // k}
+
+
+def _compile_mode(value: str, base: RunConfig, framework: str) -> dict[str, Any] | None:
+    if value == "eager":
+        return {"compile": "eager"}
+    if framework == "jax":  # jax.jit has no modes: run it once, under "default"
+        return {"compile": "compiled"} if value == "default" else None
+    return {"compile": "compiled", "torchcompile_mode": value}
+
+
+def _workers_values(base: RunConfig, cuda: bool) -> list[str]:
+    most = min(os.cpu_count() or 2, 8)
+    return [str(w) for w in sorted({0, 1, 2, 4, 8} | {most}) if w <= most]
+
+
+def _batch_size_values(base: RunConfig, cuda: bool) -> list[str]:
+    return [str(base.batch_size // 2), str(base.batch_size), str(base.batch_size * 2)]
+
+
+def _compile_mode_values(base: RunConfig, cuda: bool) -> list[str]:
+    return ["eager", "default", "reduce-overhead", "max-autotune"] if cuda else ["eager", "default"]
+
+
+def _fixed(*values: str) -> Callable[[RunConfig, bool], list[str]]:
+    return lambda base, cuda: list(values)
+
+
+def _setting(name: str, parse: Callable[[str], Any] = str) -> Callable[[str, RunConfig, str], dict[str, Any]]:
+    return lambda value, base, framework: {name: parse(value)}
+
+
+SWEEPS: dict[str, Sweep] = {s.name: s for s in (
+    Sweep("workers", "loader workers (persistent, prefetch 4)", _workers_values, _workers),
+    Sweep("batch-size", "batch size (LR unchanged)", _batch_size_values, _setting("batch_size", _int)),
+    Sweep("accumulation", "gradient accumulation k at a fixed effective batch (micro-batch = B/k)",
+          _fixed("1", "2", "4"), _accumulation),
+    Sweep("checkpointing", "gradient checkpointing (activations recomputed in backward): none / stages / all",
+          _fixed("none", "3,4", "all"), _setting("remat")),
+    Sweep("precision", "compute precision (fp16 with loss scaling; params, BN statistics and loss fp32)",
+          _fixed("fp32", "bf16", "fp16"), _setting("precision")),
+    Sweep("scaling", "data-parallel replicas at a fixed per-replica batch (torch DDP processes; JAX devices, "
+          "host devices on a CPU): the global batch grows with them", _fixed("1", "2", "4"), _setting("devices", _int)),
+    Sweep("pipeline", "pipeline stages at a fixed batch (2: GPipe over pipeline_micro_batches; torch processes, "
+          "JAX devices, host devices on a CPU)", _fixed("1", "2"), _setting("pipeline_stages", _int)),
+    Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)", _compile_mode_values,
+          _compile_mode),
+)}
+
+
+def mode_for(compile_option: str, framework: str) -> str:
+    """The compile mode of ``framework`` under ``--compile``: native is how each framework is normally run."""
+    if compile_option == "native":
+        return NATIVE_MODES[framework]
+    return compile_option
+
+
+def checked_values(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...]) -> list[str]:
+    """The values, stripped, each applied once to ``base``: a bad value fails here, before any run."""
+    values = [v.strip() for v in values if v.strip()]
+    for value in values:
+        for framework in frameworks:
+            changes = sweep.overrides(value, base, framework)
+            if changes is not None:
+                base.replace(**changes)
+    return values

@@ -1,0 +1,1 @@
+"""One module per ``twinrun`` command: argparse and console output only (imported by ``experiments.__main__``)."""

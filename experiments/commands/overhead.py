@@ -1,0 +1,53 @@
+"""``twinrun overhead``: our trainer's steady-state step against a minimal hand-written loop on the same model
+and batches, per framework, in one process run (how: experiments/execution/overhead.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from common.cli import add_config_arguments, config_from_args
+from common.config import RunConfig
+from common.results import atomic_write_text
+from experiments.execution.frameworks import selected
+from experiments.execution.overhead import GOAL, measure_isolated, overhead_config
+from experiments.execution.paired import paired_config
+from experiments.options import add_framework_argument, console_for_output
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_framework_argument(parser)
+    parser.add_argument("--out", default="results/overhead")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    add_config_arguments(parser)
+
+
+def _table(config: RunConfig, results: list[dict[str, Any]]) -> Table:
+    table = Table(title=f"trainer vs minimal loop: {config.model} width={config.width} batch={config.batch_size} "
+                        f"precision={config.precision} compile={config.compile}; median of synchronized steps "
+                        f"(device batch -> loss on host), goal <= {GOAL}")
+    for column in ("framework", "trainer ms (p10..p90)", "minimal loop ms (p10..p90)", "ratio", "verdict"):
+        table.add_column(column)
+    for result in results:
+        if result.get("status") != "ok":
+            table.add_row(result["framework"], "failed", "", "", str(result.get("error", ""))[:200])
+            continue
+        t, m = result["trainer_compute_s"], result["minimal_s"]
+        table.add_row(result["framework"], f"{t['median'] * 1e3:.2f} ({t['p10'] * 1e3:.2f}..{t['p90'] * 1e3:.2f})",
+                      f"{m['median'] * 1e3:.2f} ({m['p10'] * 1e3:.2f}..{m['p90'] * 1e3:.2f})", f"{result['ratio']:.3f}",
+                      "within goal" if result["ratio"] <= GOAL else "above goal")
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    config = overhead_config(config_from_args(args), args.steps is not None)
+    config = paired_config(config, Path(args.out) / "weights")  # one starting point for both frameworks
+    results = [measure_isolated(framework, config, args.timeout) for framework in selected(args.framework)]
+    console_for_output().print(_table(config, results))
+    text = json.dumps({"config": config.to_dict(), "results": results}, indent=1, default=str)
+    atomic_write_text(Path(args.out) / "overhead.json", text)
+    return 0 if all(r.get("status") == "ok" for r in results) else 1

@@ -1,0 +1,48 @@
+"""``twinrun parity``: torch vs Flax on transferred weights, one batch: logits, BN statistics, gradients
+(the checks themselves: experiments/execution/parity.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from common.arch import resnet
+from experiments.execution.parity import TOLERANCES, paired_forward_backward
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="resnet18", help="resnet18, resnet34, resnet50")
+    parser.add_argument("--stem", default="cifar", help="cifar or imagenet")
+    parser.add_argument("--width", type=float, default=0.25)
+    parser.add_argument("--num-classes", type=int, default=100)
+    parser.add_argument("--norm", default="batch", help="batch or group")
+    parser.add_argument("-b", "--batch-size", type=int, default=8)
+    parser.add_argument("--image-size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zero-init-residual", action="store_true", help="zero each block's last norm scale")
+    parser.add_argument("--float64", action="store_true", help="compare in float64 (semantics, free of rounding)")
+
+
+def run(args: argparse.Namespace) -> int:
+    arch = resnet(args.model, stem=args.stem, width=args.width, num_classes=args.num_classes, norm=args.norm,
+                  zero_init_residual=args.zero_init_residual)
+    results = paired_forward_backward(arch, args.batch_size, args.image_size, args.seed, args.float64)
+    precision = "fp64" if args.float64 else "fp32"
+    table = Table(title=f"parity torch vs Flax, {precision}, {args.model} stem={args.stem} width={args.width} "
+                        f"batch={args.batch_size} (max |flax - torch| / max |torch|)")
+    for column in ("quantity", "max relative difference", "tolerance", "verdict"):
+        table.add_column(column)
+    failed = False
+    for name, value in results.items():
+        ok = value <= TOLERANCES[name]
+        failed |= not ok
+        table.add_row(name, f"{value:.2e}", f"{TOLERANCES[name]:.0e}", "ok" if ok else "[red]ABOVE TOLERANCE[/]")
+    console = Console()
+    console.print(table)
+    if failed and not args.float64:
+        console.print("In fp32 a ReLU input within rounding of zero can switch sides in one framework only, and deep "
+                      "random-init BatchNorm stacks amplify rounding; rerun with --float64 to separate that from a "
+                      "real difference (fp64 agreement is ~1e-14).")
+    return 1 if failed else 0

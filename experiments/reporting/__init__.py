@@ -1,0 +1,1 @@
+"""Pure reporting: stored rows in, markdown tables and PNG plots out (never runs or stores a measurement)."""

@@ -1,0 +1,135 @@
+"""Markdown tables of a results folder: runs per group x framework (step time, speedup, throughput, data wait,
+compile, memory, accuracy, MFU), scaling efficiency, the rung mapping, and inference variants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.config import RunConfig
+from common.errors import TwinrunError
+from common.flops import train_step_flops
+from common.results import RunRecord
+from common.workloads import arch, num_classes
+from experiments.catalog import reference
+from experiments.catalog.rungs import RUNGS
+from experiments.execution.frameworks import FRAMEWORKS
+from experiments.reporting.cells import NAN, Cells, ordered_groups
+
+FALLBACK_CLASSES = 100  # rows written before results held their class count, on data no longer readable
+
+
+def fmt(value: float, pattern: str) -> str:
+    return "-" if value != value else pattern.format(value)  # NaN -> "-"
+
+
+def classes_of(record: RunRecord, config: RunConfig) -> int:
+    """The run's class count: from its result, or (rows written before results held it) from its data."""
+    if record.result.num_classes:
+        return record.result.num_classes
+    try:
+        return num_classes(config)
+    except (TwinrunError, OSError):
+        return FALLBACK_CLASSES
+
+
+def flops_per_step(record: RunRecord) -> float:
+    """Analytic training FLOPs of one optimizer step of the run: every micro-batch of every replica."""
+    config = RunConfig.from_dict(record.config)
+    model = arch(config, classes_of(record, config))
+    return train_step_flops(model, config.image_size, config.batch_size * config.grad_accum_steps * config.devices)
+
+
+def mfu_percent(record: RunRecord, step_s: float, matmul_rate: float | None) -> float:
+    """Model FLOPs utilisation: FLOPs per step / step time / (the device's matmul rate x replicas' devices)."""
+    if not matmul_rate:
+        return NAN
+    devices = int(record.config.get("devices", 1))  # each replica's device has the measured rate
+    return 100 * flops_per_step(record) / step_s / (matmul_rate * devices)
+
+
+def _failed_line(group: str, framework: str, failed: int, skipped: int, errors: list[str], width: int) -> str:
+    what = "skipped" if skipped == failed else f"failed ({failed} runs)"
+    text = f"{what}: {'; '.join(sorted(set(errors)))[:150]}"
+    return f"| {group} | {framework} | {text} |" + " |" * (width - 3)
+
+
+def results_table(cells: Cells, matmul_rate: float | None, group_title: str,
+                  published: dict[str, str] | None = None) -> str:
+    """Group x framework: step time (spread over repeats), speedup over the first group, throughput, data
+    wait, compile, memory, accuracy, MFU; ``published`` adds the reference column (torch rows)."""
+    groups = ordered_groups(cells)
+    columns = [group_title, "framework", "step ms (min..max over repeats)",
+               f"speedup vs {groups[0] if groups else '-'}", "images/s", "data wait %", "first step s", "recompiles",
+               "saved for backward MB", "peak MB", "accuracy", "MFU %"]
+    if published is not None:
+        columns.append("published (min)")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for group in groups:
+        for framework in FRAMEWORKS:
+            cell = cells.get((group, framework))
+            if cell is None:
+                continue
+            if cell.example is None:
+                lines.append(_failed_line(group, framework, cell.failed, cell.skipped, cell.errors, len(columns)))
+                continue
+            first = cells.get((groups[0], framework))
+            base = first.step_s if first is not None else NAN
+            lo, hi = cell.step_spread
+            values = [group, framework, f"{cell.step_s * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f})",
+                      fmt(base / cell.step_s, "{:.2f}x"), fmt(cell.images_per_s, "{:.0f}"),
+                      fmt(100 * cell.data_wait, "{:.1f}"), fmt(cell.first_step_s, "{:.2f}"), str(cell.recompiles),
+                      fmt(cell.saved_bytes / 1e6, "{:.1f}"), fmt(cell.peak_bytes / 1e6, "{:.1f}"),
+                      fmt(cell.accuracy, "{:.3f}"), fmt(mfu_percent(cell.example, cell.step_s, matmul_rate), "{:.1f}")]
+            if published is not None:
+                values.append((published or {}).get(group, "") if framework == "torch" else "")
+            lines.append("| " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def scaling_table(cells: Cells) -> str:
+    """Throughput per replica count and scaling efficiency: images/s at N / (N x images/s at 1)."""
+    lines = ["| replicas | framework | images/s (global batch) | speedup | scaling efficiency % |",
+             "|---|---|---|---|---|"]
+    for group in ordered_groups(cells):
+        for framework in FRAMEWORKS:
+            cell, single = cells.get((group, framework)), cells.get(("1", framework))
+            if not cell or not cell.runs:
+                continue
+            base = single.images_per_s if single and single.runs else NAN
+            speedup = cell.images_per_s / base
+            lines.append(f"| {group} | {framework} | {cell.images_per_s:.0f} | {fmt(speedup, '{:.2f}x')} "
+                         f"| {fmt(100 * speedup / int(group), '{:.0f}')} |")
+    return ("Scaling (each replica keeps the preset's batch; on a CPU the replicas share its cores):\n\n"
+            + "\n".join(lines))
+
+
+def ladder_table(cells: Cells, matmul_rate: float | None) -> str:
+    return results_table(cells, matmul_rate, "rung", published={k: f"{v:g}" for k, v in reference.MINUTES.items()})
+
+
+def mapping_table() -> str:
+    lines = ["| rung | adds | torch | JAX |", "|---|---|---|---|"]
+    lines += [f"| {r.name} | {r.adds} | {r.torch} | {r.jax} |" for r in RUNGS]
+    return "\n".join(lines)
+
+
+def inference_table(rows: list[dict[str, Any]]) -> str:
+    """Framework x variant: batch-1 latency p50/p99, throughput per batch, accuracy and its delta to eager fp32."""
+    infer = [r for r in rows if r.get("command") == "infer"]
+    batches = sorted({int(b) for r in infer for b in r.get("throughput", {})})
+    columns = ["framework", "variant", "status", "batch-1 p50 ms", "batch-1 p99 ms", "first call s",
+               *[f"images/s @{b}" for b in batches], "accuracy", "delta vs eager", "what it is here"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in infer:
+        if row.get("status") != "ok":
+            why = row.get("note") or row.get("error") or ""
+            lines.append(f"| {row['framework']} | {row['variant']} | {row.get('status')} |" + " |" * (len(columns) - 4)
+                         + f" {str(why)[:160]} |")
+            continue
+        latency = row["latency_b1_ms"]
+        throughput = [fmt(row["throughput"].get(str(b), {}).get("images_per_s", NAN), "{:.0f}") for b in batches]
+        lines.append("| " + " | ".join([row["framework"], row["variant"], "ok", f"{latency['p50']:.2f}",
+                                        f"{latency['p99']:.2f}", f"{row['first_call_s']:.2f}", *throughput,
+                                        f"{row['accuracy']:.3f}", fmt(row.get("accuracy_delta", NAN), "{:+.3f}"),
+                                        row.get("note", "")]) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""The driver's own defects, each pinned: the class count comes from the data (not 100) in the report's MFU
+FLOPs and in ``twinrun overhead``; the ladder's baseline reads with the 2 loader workers it describes; the
+report only reads the device's matmul rate, which the plan measured and stored once per results folder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from common.config import RunConfig
+from common.flops import train_step_flops
+from common.results import ResultStore, RunRecord, RunResult, Summary, Timing
+from common.workloads import arch
+from experiments.__main__ import main
+from experiments.catalog.rows import MATMUL_RATE_KEY
+from experiments.catalog.rungs import BASELINE_WORKERS, RUNGS, rung_config
+from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.paired import result_of
+from experiments.execution.plan import Prepared, execute, ladder_plan
+from experiments.options import console_for_output
+from experiments.reporting.report import write_report
+from experiments.reporting.tables import flops_per_step
+
+
+def _cifar10_record(archive: Path, num_classes: int = 10, **changes) -> RunRecord:
+    config = RunConfig(source="cifar10", data=str(archive), width=0.125, batch_size=16, steps=3, epochs=None, **changes)
+    step = Summary(median=0.1, p10=0.1, p90=0.1, p99=0.1, min=0.1, max=0.1, n=2)
+    result = RunResult(framework="torch", status="ok", steps_done=3, losses=[2.3, 2.2, 2.1], num_classes=num_classes,
+                       timing=Timing(timed_steps=2, first_step_s=1.0, warmup_steps=1, step_s=step, compute_s=step,
+                                     data_wait_fraction=0.0, images_per_s=160.0))
+    return RunRecord(key="ladder/baseline/torch/r0", command="ladder", result=result, config=config.to_dict(),
+                     fields={"rung": "baseline", "rung_index": 0, "repeat": 0, "preset": "tiny"})
+
+
+def test_the_reports_flops_count_the_classes_of_the_data(cifar10_archive):
+    record = _cifar10_record(cifar10_archive)
+    config = RunConfig.from_dict(record.config)
+    ten, hundred = (train_step_flops(arch(config, n), config.image_size, config.batch_size) for n in (10, 100))
+    assert flops_per_step(record) == ten != hundred
+    # A row written before results held their class count: the count of its data, read from the archive.
+    old = {k: v for k, v in record.to_row().items() if k not in ("num_classes", "schema")}
+    assert flops_per_step(RunRecord.from_row(old)) == ten
+    # Only data that can no longer be read falls back to 100 classes.
+    gone = {**old, "config": {**old["config"], "data": str(cifar10_archive.parent / "moved.tar.gz")}}
+    assert flops_per_step(RunRecord.from_row(gone)) == hundred
+
+
+def _mfu_cell(table: str) -> str:
+    header, _, row = table.splitlines()[:3]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    return [c.strip() for c in row.strip("|").split("|")][columns.index("MFU %")]
+
+
+def test_the_report_reads_the_matmul_rate_and_never_measures_it(cifar10_archive, tmp_path):
+    store = ResultStore(tmp_path / "runs.jsonl")
+    record = _cifar10_record(cifar10_archive)
+    store.add(record.to_row())
+    before = (tmp_path / "runs.jsonl").read_text()
+    report = write_report(tmp_path)
+    assert (tmp_path / "runs.jsonl").read_text() == before  # nothing run, nothing stored
+    assert "not measured" in report.path.read_text()
+    assert _mfu_cell(report.table) == "-"
+
+    rate = 1e10
+    store.add({"key": MATMUL_RATE_KEY, "command": "device", "status": "ok", "flops_per_s": rate})
+    mfu = float(_mfu_cell(write_report(tmp_path).table))
+    assert mfu == pytest.approx(100 * flops_per_step(record) / 0.1 / rate, abs=0.05)
+
+
+def test_the_plan_measures_the_matmul_rate_once_per_results_folder(tmp_path):
+    store = ResultStore(tmp_path / "runs.jsonl")
+    execute([], store, "nothing planned", 120.0, console_for_output())
+    (row,) = store.rows()
+    assert row["key"] == MATMUL_RATE_KEY and row["status"] == "ok" and row["flops_per_s"] > 0
+    execute([], store, "nothing planned", 120.0, console_for_output())
+    assert store.rows() == [row]  # present: not measured again
+
+
+def test_overhead_runs_on_a_ten_class_data_set(cifar10_archive, tmp_path):
+    code = main(["overhead", "--source", "cifar10", "--data", str(cifar10_archive), "--framework", "torch",
+                 "--steps", "3", "--timing-warmup", "1", "--width", "0.125", "--batch-size", "16",
+                 "--out", str(tmp_path)])
+    (result,) = json.loads((tmp_path / "overhead.json").read_text())["results"]
+    assert code == 0 and result["status"] == "ok", result.get("error")
+    assert result["num_classes"] == 10
+    # the minimal loop built the trainer's 10-class model from the same weights: the same first loss
+    assert result["first_loss"]["trainer"] == pytest.approx(result["first_loss"]["minimal"], rel=1e-5)
+
+
+def test_the_baseline_rung_reads_with_two_loader_workers(tmp_path):
+    baseline, loader = RUNGS[0], RUNGS[1]
+    assert BASELINE_WORKERS == 2
+    assert "2 loader workers" in baseline.adds and "2 workers" in baseline.torch and "2 workers" in baseline.jax
+    base = RunConfig(steps=3, epochs=None)  # workers=0 by default: the baseline sets its own
+    for framework in FRAMEWORKS:
+        assert rung_config(baseline, base, framework, cuda=False, workers=8).workers == 2
+        assert rung_config(loader, base, framework, cuda=False, workers=8).workers == 8  # the tuned count
+    prepared = Prepared(base, tmp_path, ResultStore(tmp_path / "runs.jsonl"), FRAMEWORKS)
+    plan = ladder_plan(prepared, repeats=1, preset="tiny", workers=8, cuda=False)
+    assert {job.framework: job.config.workers for job in plan if job.fields["rung"] == "baseline"} == {
+        "torch": 2, "jax": 2}
+
+
+def test_a_job_that_died_is_a_failed_result_of_its_framework():
+    result = result_of("jax", {"status": "failed", "error": "exit code 9: killed"})
+    assert isinstance(result, RunResult) and (result.framework, result.status) == ("jax", "failed")
+    assert result.error == "exit code 9: killed" and result.eval is None and math.isnan(result.final_loss)
