@@ -129,7 +129,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         for name, (text, choices) in members.items():
             if name == "model":
                 choices = known_models()
-            _add(group, by_name[name], f"{text} (default: {by_name[name].default})", choices)
+            default = by_name[name].default
+            shown = default is None or "default" in text  # None: unset; or the help states it in words
+            _add(group, by_name[name], text if shown else f"{text} (default: {default})", choices)
     for name in HIDDEN:
         _add(parser, by_name[name], argparse.SUPPRESS, None)
 

@@ -7,6 +7,7 @@ loss a run uses is common/workloads.py.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -125,27 +126,36 @@ class RunConfig:
         _one_of("optimizer", self.optimizer, OPTIMIZERS)
         _one_of("schedule", self.schedule, SCHEDULES)
         _one_of("jax_parallel", self.jax_parallel, JAX_PARALLEL)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
+        if self.source == "synthetic" and self.data is not None:
+            raise ConfigError("--data is read by the CIFAR sources; source synthetic generates its images and would "
+                              "ignore it")
         for name in ("batch_size", "devices", "processes", "grad_accum_steps", "image_size", "synthetic_size",
-                     "prefetch"):
+                     "prefetch", "loss_scale_growth_interval"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("workers", "device_prefetch", "read_latency_ms", "warmup_steps", "eval_every", "timing_warmup",
-                     "checkpoint_every"):
+                     "checkpoint_every", "seed", "min_lr", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
         if (self.steps is None) == (self.epochs is None):
             raise ConfigError("give exactly one of steps and epochs")
-        if (self.steps or 1) <= 0 or (self.epochs or 1) <= 0:
-            raise ConfigError("steps and epochs must be positive")
-        if self.lr <= 0 or not 0 <= self.momentum < 1 or self.weight_decay < 0:
-            raise ConfigError(f"need lr > 0, 0 <= momentum < 1, weight_decay >= 0; got {self.lr}, {self.momentum}, "
-                              f"{self.weight_decay}")
+        for name in ("steps", "epochs", "eval_batches"):  # None: not given (the other of steps and epochs; all batches)
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0 < self.width <= 8:
             raise ConfigError(f"width must be in (0, 8], got {self.width}")
-        if self.loss_scale_init <= 0 or self.loss_scale_growth_interval <= 0:
-            raise ConfigError("loss scaling needs a positive initial scale and growth interval")
+        if self.loss_scale_init <= 0:
+            raise ConfigError(f"loss_scale_init must be positive, got {self.loss_scale_init}")
         if self.precision != "fp16" and self.inject_inf_at_step is not None:
             raise ConfigError("inject_inf_at_step tests the fp16 loss scaler; it needs precision fp16")
         if self.precision == "fp16" and self.grad_accum_steps > 1:
@@ -227,8 +237,30 @@ class RunConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(f"unknown config key(s): {', '.join(unknown)}")
-        return cls(**values)
+        types = {f.name: f.type for f in fields(cls)}
+        return cls(**{key: _typed(key, value, types[key]) for key, value in values.items()})
 
+
+# annotation -> (test, what it asks for); bool is not an int here, an int is a fine float
+_KINDS: dict[str, tuple[Any, str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "None": (lambda v: v is None, "none"),
+}
+
+
+def _typed(key: str, value: Any, annotation: str) -> Any:
+    """``value`` checked against the field's annotation (a string: ``int``, ``str | None``, ...), as a
+    ConfigError naming the key; an int given for a float field becomes a float."""
+    kinds = [part.strip() for part in annotation.split("|")]
+    for kind in kinds:
+        test, _ = _KINDS[kind]
+        if test(value):
+            return float(value) if kind == "float" else value
+    wanted = " or ".join(_KINDS[kind][1] for kind in kinds)
+    raise ConfigError(f"config key {key} must be {wanted}, got {value!r} ({type(value).__name__})")
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -23,9 +23,16 @@ else
     DIAGNOSE=(--model resnet18 --width 0.125 --batch-size 16 --compile eager --steps 4 --timing-warmup 1)
 fi
 mkdir -p "$OUT"
-twinrun() { "$PYTHON" -m experiments "$@"; }
 started=$(date +%s)
 stamp() { echo "[gpu_check +$(( $(date +%s) - started ))s] $*" | tee -a "$OUT/progress.log"; }
+incomplete=0
+# A ladder or sweep exits 1 when one of its runs failed (the row says why) and 2 on bad input: the script goes on
+# to the next step either way, and ends with 1 if any step did not run everything it was asked for.
+twinrun() {
+    local code=0
+    "$PYTHON" -m experiments "$@" || code=$?
+    if (( code != 0 )); then stamp "twinrun $1 exited $code (recorded, going on)"; incomplete=1; fi
+}
 
 { nvidia-smi || echo "no nvidia-smi: CPU run"; } > "$OUT/device.txt" 2>&1
 "$PYTHON" -c "import torch, jax; print('torch', torch.__version__, torch.cuda.is_available()); print('jax', jax.__version__, jax.devices())" >> "$OUT/device.txt" 2>&1
@@ -42,5 +49,6 @@ stamp "sweep precision: $PRECISIONS"
 # shellcheck disable=SC2086
 twinrun sweep precision "${common[@]}" --name sweep-precision --values $PRECISIONS
 stamp "diagnose torch (${DIAGNOSE[*]})"
-twinrun diagnose --framework torch --out "$OUT/diagnose" "${DIAGNOSE[@]}" "${data[@]}" || stamp "diagnose failed (recorded, going on)"
+twinrun diagnose --framework torch --out "$OUT/diagnose" "${DIAGNOSE[@]}" "${data[@]}"
 stamp "done; reports: $OUT/ladder/report.md $OUT/sweep-checkpointing/report.md $OUT/sweep-precision/report.md"
+exit "$incomplete"

@@ -1,9 +1,12 @@
 """Command-line pieces several commands share: the ladder's and the sweeps' plan flags, the --framework
-choice, and the console they print to."""
+choice, argparse types that refuse nonsense by name (positive_int, ...), the check that an output folder can
+be written, and the console they print to."""
 
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Any
 
 from rich.console import Console
 
@@ -17,30 +20,90 @@ def console_for_output() -> Console:
     return Console(width=None if Console().is_terminal else 180)
 
 
-def add_framework_argument(parser: argparse.ArgumentParser, both: bool = True) -> None:
+def _whole(text: str, wanted: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {wanted}, got '{text}'") from None
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer of 1 or more."""
+    value = _whole(text, "a positive integer")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer of 0 or more."""
+    value = _whole(text, "an integer of 0 or more")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above 0 (nan and inf refused)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated integers of 0 or more (worker counts)."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"worker counts must be 0 or more, got '{text}'")
+    return values
+
+
+def add_framework_argument(parser: Any, both: bool = True) -> None:
     if both:
-        parser.add_argument("--framework", choices=CHOICES, default="both")
+        parser.add_argument("--framework", choices=CHOICES, default="both", help="the framework(s) to run")
     else:
-        parser.add_argument("--framework", choices=FRAMEWORKS, required=True)
+        parser.add_argument("--framework", choices=FRAMEWORKS, required=True,
+                            help="the framework whose trainer runs in this process")
+
+
+def add_timeout_argument(parser: Any, seconds: float,
+                         what: str = "one run") -> None:
+    parser.add_argument("--timeout", type=positive_float, default=seconds, metavar="SECONDS",
+                        help=f"seconds allowed to {what} before it is stopped and recorded as timed out")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> None:
-    """The arguments the ladder and the sweeps share."""
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
-    add_framework_argument(parser)
-    parser.add_argument("--data", default=None,
-                        help="CIFAR archive/folder; default: a generated CIFAR-100-format archive")
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--name", default=None, help=f"results folder name (default: {default_name})")
-    parser.add_argument("--results", default="results")
-    parser.add_argument("--fresh", action="store_true", help="forget earlier rows and start over")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed to one run")
-    parser.add_argument("--devices", type=int, default=None,
-                        help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices); "
-                             "default: one per process")
-    parser.add_argument("--processes", type=int, default=1,
-                        help="JAX processes the devices are spread over (jax.distributed)")
+    """The arguments the ladder and the sweeps share, in a "plan" and an "output" group."""
+    plan = parser.add_argument_group("plan")
+    plan.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
+                      help="base configuration (cpu: small enough for 2 CPU cores; tiny: a smoke test; article: "
+                           "ResNet-50 at width 1)")
+    add_framework_argument(plan)
+    plan.add_argument("--data", default=None,
+                      help="CIFAR archive/folder; default: a generated CIFAR-100-format archive")
+    plan.add_argument("--steps", type=positive_int, default=None,
+                      help="optimizer steps of each run (default: the preset's)")
+    plan.add_argument("--repeats", type=positive_int, default=3, help="runs of each configuration (the median is "
+                                                                      "reported)")
+    plan.add_argument("--devices", type=positive_int, default=None,
+                      help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices); "
+                           "default: one per process")
+    plan.add_argument("--processes", type=positive_int, default=1,
+                      help="JAX processes the devices are spread over (jax.distributed)")
+    add_timeout_argument(plan, 1800.0)
+    output = parser.add_argument_group("output")
+    output.add_argument("--name", default=None, help=f"results folder name (default: {default_name})")
+    output.add_argument("--results", default="results", help="folder holding the results folders")
+    output.add_argument("--fresh", action="store_true",
+                        help="start over: move the folder's earlier results to NAME/old/<time>/ (once every check "
+                             "passed; nothing is deleted)")
 
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:

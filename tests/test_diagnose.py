@@ -3,12 +3,9 @@ in both frameworks; the thresholds of the verdict on their own; the profiler tra
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from common.config import RunConfig
-from experiments.__main__ import main
 from experiments.execution.diagnosis import classify, diagnose
 
 
@@ -29,9 +26,9 @@ def _config(archive, framework: str, **changes) -> RunConfig:
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framework):
-    # PNG decode in the main process (0 workers) behind 30 ms of simulated storage latency per batch,
-    # feeding a very small model.
-    config = _config(cifar100_archive, framework, png=True, workers=0, read_latency_ms=30.0, width=0.0625,
+    # PNG decode in the main process (0 workers) behind 60 ms of simulated storage latency per batch,
+    # feeding a very small model (at 30 ms one torch run here measured a wait fraction of 0.36: too near the line).
+    config = _config(cifar100_archive, framework, png=True, workers=0, read_latency_ms=60.0, width=0.0625,
                      batch_size=32)
     found = diagnose(framework, config, tmp_path)
     assert found.verdict == "input-bound", found.evidence
@@ -43,21 +40,12 @@ def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framew
 
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_a_large_model_on_a_fast_loader_is_compute_bound(cifar100_archive, tmp_path, framework):
-    # 4 timed steps a batch size: the doubling ratio is a ratio of medians, so one slow step cannot flip it
-    config = _config(cifar100_archive, framework, workers=0, width=0.5,
-                     batch_size=32).replace(steps=8 if framework == "torch" else 6)
+    # 5 timed steps a batch size (8 - 2 warm-up - 1 traced): the doubling ratio is a ratio of medians, so one
+    # slow step cannot flip it (with 3 timed JAX steps one run in several fell below the line here)
+    config = _config(cifar100_archive, framework, workers=0, width=0.5, batch_size=32).replace(steps=8)
     found = diagnose(framework, config, tmp_path, profile_steps=1)
     assert found.verdict == "compute-bound", found.evidence
     assert found.data_wait_fraction < 0.1 and found.doubling_ratio > 1.4
-
-
-def test_the_command_writes_its_diagnosis(cifar100_archive, tmp_path):
-    code = main(["diagnose", "--framework", "torch", "--data", str(cifar100_archive), "--width", "0.0625",
-                 "--batch-size", "16", "--steps", "4", "--timing-warmup", "1", "--out", str(tmp_path)])
-    assert code == 0
-    written = json.loads((tmp_path / "diagnosis.json").read_text())
-    assert written["diagnoses"][0]["framework"] == "torch"
-    assert written["diagnoses"][0]["profile"]["trace"].endswith("torch_trace.json")
 
 
 def test_a_device_that_is_absent_is_not_needed(cifar100_archive):

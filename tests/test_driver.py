@@ -12,7 +12,8 @@ import pytest
 
 from common.config import RunConfig
 from common.flops import train_step_flops
-from common.results import ResultStore, RunRecord, RunResult, Summary, Timing
+from common.results import RunRecord, RunResult, Summary, Timing
+from common.store import ResultStore
 from common.workloads import arch
 from experiments.__main__ import main
 from experiments.catalog.rows import MATMUL_RATE_KEY
@@ -55,7 +56,7 @@ def _mfu_cell(table: str) -> str:
 
 
 def test_the_report_reads_the_matmul_rate_and_never_measures_it(cifar10_archive, tmp_path):
-    store = ResultStore(tmp_path / "runs.jsonl")
+    store = ResultStore(tmp_path)
     record = _cifar10_record(cifar10_archive)
     store.add(record.to_row())
     before = (tmp_path / "runs.jsonl").read_text()
@@ -71,7 +72,7 @@ def test_the_report_reads_the_matmul_rate_and_never_measures_it(cifar10_archive,
 
 
 def test_the_plan_measures_the_matmul_rate_once_per_results_folder(tmp_path):
-    store = ResultStore(tmp_path / "runs.jsonl")
+    store = ResultStore(tmp_path)
     execute([], store, "nothing planned", 120.0, console_for_output())
     (row,) = store.rows()
     assert row["key"] == MATMUL_RATE_KEY and row["status"] == "ok" and row["flops_per_s"] > 0
@@ -98,7 +99,7 @@ def test_the_baseline_rung_reads_with_two_loader_workers(tmp_path):
     for framework in FRAMEWORKS:
         assert rung_config(baseline, base, framework, cuda=False, workers=8).workers == 2
         assert rung_config(loader, base, framework, cuda=False, workers=8).workers == 8  # the tuned count
-    prepared = Prepared(base, tmp_path, ResultStore(tmp_path / "runs.jsonl"), FRAMEWORKS)
+    prepared = Prepared(base, tmp_path, ResultStore(tmp_path), FRAMEWORKS)
     plan = ladder_plan(prepared, repeats=1, preset="tiny", workers=8, cuda=False)
     assert {job.framework: job.config.workers for job in plan if job.fields["rung"] == "baseline"} == {
         "torch": 2, "jax": 2}

@@ -86,12 +86,12 @@ def test_the_onnx_export_equals_torch(trained, tmp_path):
     assert _max_relative(session.run(["logits"], {"images": images})[0], expected) < 1e-4
 
 
-def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path):
+def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch, capsys):
     config, weights = trained
-    code = main(["infer", "--source", "cifar10", "--data", config.data, "--width", "0.25", "--weights", weights,
-                 "--variants", "eager", "folded", "int8", "onnxruntime", "tensorrt", "--calls", "20", "--warmup", "2",
-                 "--throughput-batches", "32", "--throughput-calls", "2", "--calibration-batches", "4",
-                 "--out", str(tmp_path)])
+    args = ["infer", "--source", "cifar10", "--data", config.data, "--width", "0.25", "--weights", weights,
+            "--warmup", "2", "--throughput-batches", "32", "--throughput-calls", "2", "--calibration-batches", "4",
+            "--out", str(tmp_path)]
+    code = main([*args, "--variants", "eager", "folded", "int8", "onnxruntime", "tensorrt", "--calls", "20"])
     assert code == 0
     rows = {(r["framework"], r["variant"]): r for r in map(json.loads,
                                                            (tmp_path / "runs.jsonl").read_text().splitlines())
@@ -114,6 +114,25 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| torch | int8 | ok |" in report and "skipped" in report
     assert (tmp_path / "inference_latency.png").read_bytes()[:4] == b"\x89PNG"
+    _rerun_keeps_the_measured_rows(args, tmp_path, monkeypatch, capsys)
+
+
+def _rerun_keeps_the_measured_rows(args, folder, monkeypatch, capsys):
+    """Issue 13: a rerun with other settings is refused, naming them; a variant that fails this time keeps the
+    earlier row, and the exit code says that not everything ran."""
+    from common.store import ResultStore
+    from experiments.commands import infer
+
+    before = ResultStore(folder).rows()
+    capsys.readouterr()
+    assert main([*args, "--variants", "eager", "--calls", "30"]) == 2
+    assert "options.calls: 20 -> 30" in capsys.readouterr().err
+    monkeypatch.setattr(infer, "infer_rows", lambda framework, *_: [
+        {"key": f"infer/{framework}/eager", "command": "infer", "framework": framework, "variant": "eager",
+         "status": "failed", "error": "no timed samples"}])
+    assert main([*args, "--variants", "eager", "--calls", "20"]) == 1
+    assert "failed this time; the earlier finished row is kept" in capsys.readouterr().out
+    assert ResultStore(folder).rows() == before
 
 
 def test_a_missing_optional_runtime_is_a_clear_skip(trained, monkeypatch):

@@ -63,8 +63,11 @@ def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, tmp_path
     precision = {(r["value"], r["framework"]): r for r in _rows(out / "sweep-precision", "sweep")}
     assert precision[("bf16", "torch")]["config"]["precision"] == "bf16"
     assert precision[("bf16", "jax")]["status"] == "ok"
-    assert json.loads((out / "diagnose" / "diagnosis.json").read_text())["diagnoses"][0]["verdict"] in (
-        "input-bound", "compute-bound", "overhead-bound")
+    (diagnosis,) = json.loads((out / "diagnose" / "diagnosis.json").read_text())["diagnoses"]  # the command's file
+    assert diagnosis["verdict"] in ("input-bound", "compute-bound", "overhead-bound")
+    assert diagnosis["framework"] == "torch" and diagnosis["profile"]["trace"].endswith("torch_trace.json")
+    # one set of initial weights for the ladder and both sweeps under one --results
+    assert len(list((out / "initial-weights").glob("init-*.npz"))) == 1
     assert "done" in (out / "progress.log").read_text()
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from common.results import SCHEMA, Evaluation, Memory, ResultStore, RunRecord, RunResult, Summary, Timing
+from common.results import SCHEMA, Evaluation, Memory, RunRecord, RunResult, Summary, Timing
+from common.store import ResultStore
 
 
 def _result() -> RunResult:
@@ -24,7 +25,7 @@ def test_a_result_and_its_record_round_trip_through_a_json_row(tmp_path):
     assert row["schema"] == SCHEMA and row["rung"] == "amp"
     again = RunRecord.from_row(row)
     assert again == record
-    store = ResultStore(tmp_path / "runs.jsonl")
+    store = ResultStore(tmp_path)
     store.add(row)
     assert store.records() == [record]
 

@@ -28,7 +28,7 @@ def _int(value: str) -> int:
     try:
         return int(value)
     except ValueError:
-        raise ConfigError(f"sweep value '{value}' is not a whole number") from None
+        raise ConfigError("not a whole number") from None
 
 
 def _workers(value: str, base: RunConfig, framework: str) -> dict[str, Any]:
@@ -40,8 +40,10 @@ def _accumulation(value: str, base: RunConfig, framework: str) -> dict[str, Any]
     # The effective batch stays the preset's: k micro-batches of B/k (memory per micro-batch falls, the
     # update is the same one as a B batch, so the LR is not rescaled).
     k = _int(value)
+    if k <= 0:
+        raise ConfigError(f"k must be a positive divisor of the batch size {base.batch_size}")
     if base.batch_size % k:
-        raise ConfigError(f"accumulation k={k} does not divide the batch size {base.batch_size}")
+        raise ConfigError(f"k={k} does not divide the batch size {base.batch_size}")
     return {"grad_accum_steps": k, "batch_size": base.batch_size // k}
 
 
@@ -100,11 +102,17 @@ def mode_for(compile_option: str, framework: str) -> str:
 
 
 def checked_values(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...]) -> list[str]:
-    """The values, stripped, each applied once to ``base``: a bad value fails here, before any run."""
+    """The values, stripped, each applied once to ``base``: a bad value fails here, before any run, as a
+    ConfigError naming the sweep and the value (whatever the error applying it was)."""
     values = [v.strip() for v in values if v.strip()]
     for value in values:
         for framework in frameworks:
-            changes = sweep.overrides(value, base, framework)
-            if changes is not None:
-                base.replace(**changes)
+            try:
+                changes = sweep.overrides(value, base, framework)
+                if changes is not None:
+                    base.replace(**changes)
+            except ConfigError as exc:
+                raise ConfigError(f"{sweep.name} value '{value}': {exc}") from None
+            except Exception as exc:  # a value no check foresaw: still named, never a traceback
+                raise ConfigError(f"{sweep.name} value '{value}': {type(exc).__name__}: {exc}") from None
     return values

@@ -4,24 +4,24 @@ is measured: experiments/execution/diagnosis.py)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from common.cli import add_config_arguments, config_from_args
+from common.store import writable_folder
 from experiments.execution.diagnosis import diagnose, diagnosis_config, write_diagnoses
 from experiments.execution.frameworks import selected
-from experiments.options import add_framework_argument, console_for_output
+from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(parser)
-    parser.add_argument("--out", default="results/diagnose")
-    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--out", default="results/diagnose", help="folder of diagnosis.json and the traces")
+    add_timeout_argument(parser, 1800.0)
     add_config_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    out = writable_folder(args.out, "--out")
     config = diagnosis_config(config_from_args(args))
-    out = Path(args.out)
     console = console_for_output()
     results = []
     for framework in selected(args.framework):

@@ -9,46 +9,42 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from common.results import ResultStore
+from common.data.sources import KNOWN_SOURCES
+from common.store import ResultStore
 from experiments.execution.frameworks import selected
 from experiments.execution.loader_bench import BenchOptions, bench_rows, data_path
-from experiments.options import add_framework_argument
+from experiments.options import add_framework_argument, add_timeout_argument, int_list, nonnegative_int, positive_int
 
 PNG_CHOICES = {"both": (False, True), "yes": (True,), "no": (False,)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(parser)
-    parser.add_argument("--source", default="cifar100",
-                        help="cifar100, cifar10, tfds:cifar100, tfds:cifar10, synthetic")
-    parser.add_argument("--data", default=None, help="archive or folder; default: a generated CIFAR-format archive")
-    parser.add_argument("--workers", type=_int_list, default=[0, 1, 2], help="comma-separated worker counts")
-    parser.add_argument("--png", choices=tuple(PNG_CHOICES), default="both", help="PNG-encode images (decode-bound)")
-    parser.add_argument("-b", "--batch-size", type=_positive_int, default=128)
-    parser.add_argument("--batches", type=_positive_int, default=12, help="batches per repeat; the first is not timed")
-    parser.add_argument("--repeats", type=_positive_int, default=3)
-    parser.add_argument("--prefetch", type=_positive_int, default=2)
-    parser.add_argument("--pin-mem", action="store_true")
-    parser.add_argument("--device-prefetch", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=900.0)
-    parser.add_argument("--out", default="results/loader-bench")
+    data = parser.add_argument_group("data")
+    data.add_argument("--source", default="cifar100", choices=KNOWN_SOURCES, help="data set")
+    data.add_argument("--data", default=None, help="archive or folder; default: a generated CIFAR-format archive")
+    data.add_argument("--png", choices=tuple(PNG_CHOICES), default="both", help="PNG-encode images (decode-bound)")
+    loader = parser.add_argument_group("loader")
+    loader.add_argument("--workers", type=int_list, default=[0, 1, 2], metavar="N[,N...]",
+                        help="comma-separated worker counts")
+    loader.add_argument("-b", "--batch-size", type=positive_int, default=128, help="images per batch")
+    loader.add_argument("--batches", type=_two_or_more, default=12, help="batches per repeat; the first is not timed")
+    loader.add_argument("--repeats", type=positive_int, default=3, help="repeats of each cell (the median is shown)")
+    loader.add_argument("--prefetch", type=positive_int, default=2, help="batches buffered per worker")
+    loader.add_argument("--pin-mem", action="store_true", help="torch pinned host memory")
+    loader.add_argument("--device-prefetch", type=nonnegative_int, default=2,
+                        help="JAX: batches already transferred to the device")
+    output = parser.add_argument_group("output")
+    add_timeout_argument(output, 900.0, "each (framework, png) cell")
+    output.add_argument("--out", default="results/loader-bench", help="folder of runs.jsonl")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+def _two_or_more(text: str) -> int:
+    """--batches: the first batch of a repeat is timed apart, so a steady state needs a second."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be 2 or more (the first batch is not timed), got {text}")
     return value
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got '{text}'") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"worker counts must be 0 or more, got '{text}'")
-    return values
 
 
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace) -> Table:
@@ -70,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     options = BenchOptions(source=args.source, path=data_path(args.source, args.data), workers=tuple(args.workers),
                            batch_size=args.batch_size, batches=args.batches, repeats=args.repeats,
                            prefetch=args.prefetch, pin_memory=args.pin_mem, device_prefetch=args.device_prefetch)
-    store = ResultStore(f"{args.out}/runs.jsonl")
+    store = ResultStore(args.out)
+    store.check_writable()
     console = Console()
     rows: list[dict[str, Any]] = []
     for framework in selected(args.framework):
@@ -82,5 +79,5 @@ def run(args: argparse.Namespace) -> int:
             rows += cell
     store.add_many(rows)
     console.print(_table(rows, args))
-    console.print(f"rows written to {store.path}")
-    return 0
+    console.print(f"rows written to {store.path} (exports: {store.jsonl.name}, {store.csv.name})")
+    return 0 if all(row["status"] == "ok" for row in rows) else 1

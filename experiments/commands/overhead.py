@@ -12,17 +12,17 @@ from rich.table import Table
 
 from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
-from common.results import atomic_write_text
+from common.store import atomic_write_text, writable_folder
 from experiments.execution.frameworks import selected
 from experiments.execution.overhead import GOAL, measure_isolated, overhead_config
 from experiments.execution.paired import paired_config
-from experiments.options import add_framework_argument, console_for_output
+from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(parser)
-    parser.add_argument("--out", default="results/overhead")
-    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--out", default="results/overhead", help="folder of overhead.json and the paired weights")
+    add_timeout_argument(parser, 1800.0, "each framework's measurement")
     add_config_arguments(parser)
 
 
@@ -44,6 +44,7 @@ def _table(config: RunConfig, results: list[dict[str, Any]]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
+    writable_folder(args.out, "--out")
     config = overhead_config(config_from_args(args), args.steps is not None)
     config = paired_config(config, Path(args.out) / "weights")  # one starting point for both frameworks
     results = [measure_isolated(framework, config, args.timeout) for framework in selected(args.framework)]

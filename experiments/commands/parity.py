@@ -8,21 +8,24 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from common.arch import resnet
+from common.arch import FAMILY, NORMS, STEMS, resnet
 from experiments.execution.parity import TOLERANCES, paired_forward_backward
+from experiments.options import nonnegative_int, positive_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="resnet18", help="resnet18, resnet34, resnet50")
-    parser.add_argument("--stem", default="cifar", help="cifar or imagenet")
-    parser.add_argument("--width", type=float, default=0.25)
-    parser.add_argument("--num-classes", type=int, default=100)
-    parser.add_argument("--norm", default="batch", help="batch or group")
-    parser.add_argument("-b", "--batch-size", type=int, default=8)
-    parser.add_argument("--image-size", type=int, default=32)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--zero-init-residual", action="store_true", help="zero each block's last norm scale")
-    parser.add_argument("--float64", action="store_true", help="compare in float64 (semantics, free of rounding)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", default="resnet18", choices=tuple(FAMILY), help="architecture")
+    model.add_argument("--stem", default="cifar", choices=STEMS, help="cifar: 3x3 conv; imagenet: 7x7 conv + max-pool")
+    model.add_argument("--width", type=positive_float, default=0.25, help="channel multiplier of the ResNet")
+    model.add_argument("--num-classes", type=positive_int, default=100, help="classifier outputs")
+    model.add_argument("--norm", default="batch", choices=NORMS, help="normalisation layer")
+    model.add_argument("--zero-init-residual", action="store_true", help="zero each block's last norm scale")
+    batch = parser.add_argument_group("batch")
+    batch.add_argument("-b", "--batch-size", type=positive_int, default=8, help="images in the one batch compared")
+    batch.add_argument("--image-size", type=positive_int, default=32, help="image side in pixels")
+    batch.add_argument("--seed", type=nonnegative_int, default=0, help="weights and batch seed")
+    batch.add_argument("--float64", action="store_true", help="compare in float64 (semantics, free of rounding)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -15,10 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    folder = Path(args.folder)
-    if not (folder / "runs.jsonl").exists():
-        raise SystemExit(f"twinrun report: error: no results at {folder / 'runs.jsonl'}")
-    report = write_report(folder)
+    report = write_report(Path(args.folder))
     Console(width=180).print(report.table)
     print(f"report: {report.path}")
     return 0

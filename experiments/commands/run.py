@@ -10,12 +10,13 @@ from rich.table import Table
 
 from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
-from common.results import ResultStore, RunRecord
+from common.results import RunRecord
+from common.store import ResultStore
 from common.versions import host_info
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
-from experiments.options import add_framework_argument, console_for_output
+from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 COLUMNS = ("framework", "status", "step ms (p10..p90)", "images/s", "data wait %", "first step s", "recompiles",
            "final loss", "accuracy", "notes")
@@ -23,8 +24,8 @@ COLUMNS = ("framework", "status", "step ms (p10..p90)", "images/s", "data wait %
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(parser)
-    parser.add_argument("--out", default="results/run")
-    parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--out", default="results/run", help="folder of runs.jsonl and the paired weights")
+    add_timeout_argument(parser, 3600.0, "each framework's run")
     add_config_arguments(parser)
 
 
@@ -53,8 +54,9 @@ def _title(config: RunConfig, records: list[RunRecord]) -> str:
 def run(args: argparse.Namespace) -> int:
     config = with_default_data(config_from_args(args))
     out = Path(args.out)
+    store = ResultStore(out)
+    store.check_writable()
     config = paired_config(config, out / "weights")
-    store = ResultStore(out / "runs.jsonl")
     console = console_for_output()
     records = []
     for framework in selected(args.framework):

@@ -8,19 +8,20 @@ import argparse
 
 from experiments.catalog.sweeps import COMPILE_OPTIONS, SWEEPS, checked_values
 from experiments.execution.device import cuda_available
-from experiments.execution.plan import execute, prepare, sweep_plan
+from experiments.execution.plan import execute, outcome_line, prepare, sweep_plan, with_paired_weights
 from experiments.options import add_plan_arguments, console_for_output, plan_options
 from experiments.reporting.report import write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("technique", choices=tuple(SWEEPS))
-    parser.add_argument("--values", nargs="+", default=None,
-                        help="values, e.g. --values none 3,4 all (default: per technique)")
-    parser.add_argument("--compile", choices=COMPILE_OPTIONS, default="native",
-                        help="mode of both frameworks outside the compile-mode sweep; native (default): torch eager, "
-                             "JAX jit, how each is normally run (op-by-op JAX is dispatch-bound and hides every "
-                             "technique)")
+    parser.add_argument("technique", choices=tuple(SWEEPS), help="the technique whose knob is swept")
+    group = parser.add_argument_group("sweep")
+    group.add_argument("--values", nargs="+", default=None,
+                       help="values, e.g. --values none 3,4 all (default: per technique)")
+    group.add_argument("--compile", choices=COMPILE_OPTIONS, default="native",
+                       help="mode of both frameworks outside the compile-mode sweep; native (default): torch eager, "
+                            "JAX jit, how each is normally run (op-by-op JAX is dispatch-bound and hides every "
+                            "technique)")
     add_plan_arguments(parser, "sweep-<technique>-<preset>")
 
 
@@ -29,10 +30,12 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(plan_options(args), f"sweep-{sweep.name}-{args.preset}")
     values = checked_values(sweep, args.values or sweep.default_values(prepared.base, cuda_available()),
                             prepared.base, prepared.frameworks)
+    prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights
     plan = sweep_plan(sweep, values, prepared.base, prepared.frameworks, args.repeats, args.preset, args.compile)
     console = console_for_output()
-    execute(plan, prepared.store, f"sweep {sweep.name}", args.timeout, console)
+    outcome = execute(plan, prepared.store, f"sweep {sweep.name}", args.timeout, console, fresh=args.fresh)
     report = write_report(prepared.out)
     console.print(report.table)
-    console.print(f"rows: {prepared.store.path}\nreport: {report.path}")
-    return 0
+    console.print(f"rows: {prepared.store.path} (exports: {prepared.store.jsonl.name}, {prepared.store.csv.name})\n"
+                  f"report: {report.path}\n{outcome_line(outcome)}")
+    return 0 if outcome.complete else 1

@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 
 from common.cli import add_config_arguments, config_from_args
-from common.results import RunResult, atomic_write_text
+from common.results import RunResult
+from common.store import atomic_write_text, writable_folder
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.frameworks import fit_function
 from experiments.execution.runner import speaks_for_the_job
@@ -29,7 +30,7 @@ from experiments.options import add_framework_argument
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_framework_argument(parser, both=False)
-    parser.add_argument("--out", default="results/train")
+    parser.add_argument("--out", default="results/train", help="folder of <framework>-result.json (rank 0 writes it)")
     add_config_arguments(parser)
 
 
@@ -39,6 +40,7 @@ def summary(framework: str, result: RunResult, path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    writable_folder(args.out, "--out")
     config = with_default_data(config_from_args(args))
     result = fit_function(args.framework)(config)
     row = result.to_row()

@@ -7,7 +7,7 @@ import statistics
 import time
 from typing import Any
 
-from common.results import ResultStore
+from common.store import ResultStore
 from experiments.catalog.rows import MATMUL_RATE_COMMAND, MATMUL_RATE_KEY
 from experiments.execution.runner import run_isolated
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
-from common.results import RunResult, Summary, atomic_write_text
+from common.results import RunResult, Summary
+from common.store import atomic_write_text
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.paired import paired_config, run_framework
 

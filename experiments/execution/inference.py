@@ -36,6 +36,7 @@ class InferOptions:
     throughput_calls: int = 10
     calibration_batches: int = 8  # INT8 calibration: batches of 32 images
     eval_batches: int | None = None  # None: the whole eval split
+    weights_from: str = ""  # where the weights came from (given, trained N epochs, random): part of the settings
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "throughput_batches": list(self.throughput_batches)}

@@ -1,11 +1,12 @@
 """Plans of (key, framework, config) jobs, run each in its own process into a results store: the loop the
-ladder and the sweeps share (progress display, resume by key, a failed run recorded and passed), and the
-device's matmul rate measured once per results folder beside the plan."""
+ladder and the sweeps share (progress display, resume by key and settings, a failed run recorded and passed,
+``--fresh`` only once the whole command is known to be valid), and the device's matmul rate measured once per
+results folder beside the plan."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.config import RunConfig
 from common.errors import ConfigError
-from common.results import ResultStore, RunRecord, RunResult
+from common.results import RunRecord, RunResult
+from common.store import ResultStore, run_settings
 from common.versions import host_info
 from experiments.catalog.defaults import default_archive
 from experiments.catalog.presets import PRESETS
@@ -23,6 +25,8 @@ from experiments.catalog.sweeps import Sweep, mode_for
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
+
+SHARED_WEIGHTS = "initial-weights"  # beside the results folders: digest-named .npz files, one per model and seed
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class PlanOptions:
     repeats: int = 3
     name: str | None = None  # results folder name; default: the command's own
     results: str = "results"
-    fresh: bool = False
+    fresh: bool = False  # move earlier results aside (after validation, in ``execute``) and start over
     devices: int | None = None  # default: one per process
     processes: int = 1
 
@@ -61,7 +65,8 @@ class Prepared:
 
 
 def prepare(options: PlanOptions, default_name: str) -> Prepared:
-    """The preset's base config (paired weights made once), the results folder and its store."""
+    """The preset's base config, the results folder and its store (checked writable); the base is not paired yet
+    (``with_paired_weights``), so a bad value is refused before the weights are made."""
     if options.repeats < 1:
         raise ConfigError("--repeats must be at least 1")
     preset = dict(PRESETS[options.preset])
@@ -70,10 +75,15 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     preset.update(devices=options.devices or options.processes, processes=options.processes)
     base = RunConfig(data=options.data or str(default_archive("cifar100")), **preset)
     out = Path(options.results) / (options.name or default_name)
-    store = ResultStore(out / "runs.jsonl")
-    if options.fresh:
-        store.clear()
-    return Prepared(paired_config(base, out / "weights"), out, store, selected(options.framework))
+    store = ResultStore(out)
+    store.check_writable()
+    return Prepared(base, out, store, selected(options.framework))
+
+
+def with_paired_weights(prepared: Prepared) -> Prepared:
+    """``prepared`` whose base starts from the shared initial weights, made once per model and seed for every
+    results folder under the same ``--results`` (a ladder and its sweeps then start from the same weights)."""
+    return replace(prepared, base=paired_config(prepared.base, prepared.out.parent / SHARED_WEIGHTS))
 
 
 def ladder_plan(prepared: Prepared, repeats: int, preset: str, workers: int, cuda: bool,
@@ -124,10 +134,30 @@ def run_job(job: PlannedRun, timeout_s: float | None) -> RunRecord:
                      wall_s=time.time() - started, fields=dict(job.fields))
 
 
-def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: float | None,
-            console: Console) -> None:
-    """Runs the jobs whose keys have not finished, storing each row as it ends; then the device's matmul rate,
-    once per results folder (the report reads it, never measures it)."""
+@dataclass(frozen=True)
+class Outcome:
+    """How a plan ended: the keys of its jobs that did not finish (failed or timed out), each with its error."""
+
+    planned: int
+    failed: dict[str, str]
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed
+
+
+def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: float | None, console: Console,
+            fresh: bool = False) -> Outcome:
+    """Runs the jobs whose keys have not finished with these settings, storing each row as it ends; then the
+    device's matmul rate, once per results folder (the report reads it, never measures it). ``fresh``: the
+    folder's earlier results are moved aside first (the caller has validated everything by now)."""
+    host = host_info()
+    if fresh:
+        moved = store.move_aside()
+        if moved:
+            console.print(f"earlier results moved to {moved}")
+    else:
+        store.check_resumable({job.key: run_settings(job.config.to_dict(), host) for job in plan})
     finished = store.finished_keys()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
@@ -142,3 +172,17 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
             progress.advance(task)
         progress.update(task, description="device matmul rate")
         ensure_matmul_rate(store, timeout_s)
+    store.export()  # even when nothing ran: an export changed by hand is kept aside and written anew
+    rows = {row["key"]: row for row in store.rows()}
+    failed = {job.key: str(rows.get(job.key, {}).get("error") or "no row") for job in plan
+              if rows.get(job.key, {}).get("status") not in ("ok", "diverged", "skipped")}
+    return Outcome(len(plan), failed)
+
+
+def outcome_line(outcome: Outcome) -> str:
+    """The last line of a ladder or sweep: whether everything asked for ran (the exit code says the same)."""
+    if outcome.complete:
+        return f"all {outcome.planned} planned runs finished (ok, diverged or skipped with a reason)"
+    keys = ", ".join(list(outcome.failed)[:5]) + (" ..." if len(outcome.failed) > 5 else "")
+    return (f"{len(outcome.failed)} of {outcome.planned} planned runs failed ({keys}); rerun the same command to "
+            f"retry them (finished runs are kept)")

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import IO, Any
+
+from experiments.execution import reaper
 
 LAUNCHERS = ("torchrun", "jax.distributed")
 # Names a torch inductor cache folder that every isolated run shares (tests only: it makes compile times cache hits).
@@ -23,18 +31,21 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
                  env: dict[str, str] | None = None, processes: int = 1, launcher: str = "torchrun") -> dict[str, Any]:
     """Runs ``experiments.execution.worker`` for ``task`` in a subprocess; returns its result, or a failed result
     carrying the end of its error output. ``processes`` > 1: that many, started by torchrun (which sets RANK and the
-    rendezvous) or, for JAX, as local processes that join one jax.distributed coordinator; process 0 answers."""
+    rendezvous) or, for JAX, as local processes that join one jax.distributed coordinator; process 0 answers.
+    Nothing of the job outlives this call, nor this process however it ends (experiments/execution/reaper.py)."""
     if launcher not in LAUNCHERS:
         raise ValueError(f"launcher must be one of {LAUNCHERS}, got {launcher!r}")
-    with tempfile.TemporaryDirectory(prefix="twinrun-") as folder:
-        out = Path(folder) / "result.json"
+    _remove_stale_folders_once()
+    with _job_folder() as folder:
+        out = folder / "result.json"
         command = [sys.executable, "-m", WORKER, task, json.dumps(payload), str(out)]
         # A compile cache of its own: inductor's on-disk cache would otherwise turn a later run's
         # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation. The test suite,
         # which reads no compile time, shares one instead (SHARED_INDUCTOR_CACHE, set in tests/conftest.py).
         base_env = env if env is not None else os.environ
-        cache = base_env.get(SHARED_INDUCTOR_CACHE) or str(Path(folder) / "inductor")
-        run_env = {**base_env, "TORCHINDUCTOR_CACHE_DIR": cache}
+        cache = base_env.get(SHARED_INDUCTOR_CACHE) or str(folder / "inductor")
+        # the marker: every process of the job, wherever it goes (torchrun's own sessions), can be found and killed
+        run_env = {**base_env, "TORCHINDUCTOR_CACHE_DIR": cache, reaper.MARKER: str(folder)}
         # torchrun's own launcher; --standalone picks a free local rendezvous
         if processes > 1 and launcher == "torchrun":
             command[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m"]
@@ -43,7 +54,7 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
             envs = [{**run_env, **coordinator, "TWINRUN_PROCESS_ID": str(p)} for p in range(processes)]
         else:
             envs = [run_env]
-        returncode, tail = _run_all(command, envs, timeout_s)
+        returncode, tail = _run_all(command, envs, timeout_s, folder)
         if returncode == "timeout":
             return {"status": "failed", "error": f"timed out after {timeout_s} s"}
         if out.exists():
@@ -52,38 +63,93 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
         return {"status": "failed", "error": f"{reason}: " + "\n".join(tail)}
 
 
-def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | None) -> tuple[int | str, list[str]]:
+@contextmanager
+def _job_folder() -> Iterator[Path]:
+    """The job's temporary folder (result, logs, inductor cache): ``twinrun-<driver pid>-xxxxxxxx``, registered
+    with the reaper before any process of the job starts, removed on every way out."""
+    folder = tempfile.mkdtemp(prefix=reaper.job_folder_prefix())
+    try:
+        reaper.lifeline().add_folder(folder)
+        yield Path(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        reaper.lifeline().drop_folder(folder)
+
+
+def _remove_stale_folders_once() -> None:
+    """Job folders left by drivers that are gone (killed before their reaper could act): once per driver."""
+    global _stale_folders_removed
+    if not _stale_folders_removed:
+        _stale_folders_removed = True
+        reaper.remove_stale_folders()
+
+
+_stale_folders_removed = False
+
+
+def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | None,
+             folder: Path) -> tuple[int | str, list[str]]:
     """Starts one process per environment and waits for all; the first to fail stops the others (they would
-    wait for it in a collective until JAX's heartbeat timeout). Returns the worst exit code and its error tail."""
-    with tempfile.TemporaryDirectory(prefix="twinrun-logs-") as logs:
-        procs = []
-        for index, env in enumerate(envs):
-            log = open(Path(logs) / f"{index}.log", "w+")  # noqa: SIM115 -- closed below
-            procs.append((subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True, env=env), log))
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        returncode: int | str = 0
+    wait for it in a collective until JAX's heartbeat timeout). Returns the worst exit code and its error tail.
+    Each process leads a session and process group of its own (the terminal's Ctrl-C reaches only the driver); on
+    every way out (a failure, a timeout, KeyboardInterrupt) all of the job's processes are killed, their children
+    and torchrun's workers included, before this returns or re-raises."""
+    logs = folder / "logs"
+    logs.mkdir(exist_ok=True)
+    procs: list[tuple[subprocess.Popen[str], IO[str]]] = []
+    returncode: int | str = 0
+    try:
         try:
+            for index, env in enumerate(envs):
+                log = open(logs / f"{index}.log", "w+")  # noqa: SIM115 -- closed below
+                try:
+                    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            text=True, env=env, start_new_session=True)
+                except BaseException:
+                    log.close()
+                    raise
+                procs.append((proc, log))
+                reaper.lifeline().add_group(proc.pid)
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
             while any(proc.poll() is None for proc, _ in procs):
                 failed = [proc.returncode for proc, _ in procs if proc.returncode not in (None, 0)]
                 if failed or (deadline is not None and time.monotonic() > deadline):
                     returncode = failed[0] if failed else "timeout"
                     break
                 time.sleep(0.05)
-        finally:
-            for proc, _ in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                proc.wait()
+        finally:  # every way out: done, failed, timed out, KeyboardInterrupt (SIGTERM: install_signal_handlers)
+            _stop([proc for proc, _ in procs], folder)
         codes = [proc.returncode for proc, _ in procs]
         if returncode == 0:
             returncode = next((c for c in codes if c != 0), 0)
         worst = next((i for i, c in enumerate(codes) if c not in (0, -9)), 0)
         log = procs[worst][1]
         log.seek(0)
-        tail = log.read().strip().splitlines()[-15:]
-        for _, handle in procs:
-            handle.close()
-        return returncode, tail
+        return returncode, log.read().strip().splitlines()[-15:]
+    finally:
+        for _, log in procs:
+            log.close()
+
+
+def _stop(procs: list[subprocess.Popen[str]], folder: Path) -> None:
+    """Kills whatever is left of the job (each process's group, and every process marked with the job's folder),
+    waits for the processes this driver started, and releases their groups."""
+    reaper.kill_job([proc.pid for proc in procs], [str(folder)])
+    for proc in procs:
+        proc.wait()
+        reaper.lifeline().drop_group(proc.pid)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM in the driver raises KeyboardInterrupt in its main thread, as Ctrl-C does, so that its clean-up
+    runs (finally-blocks, context managers: the running job's processes killed, its folder removed). Call it once,
+    from the main thread, at the driver's start."""
+    if threading.current_thread() is threading.main_thread() and hasattr(signal, "SIGTERM"):
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def speaks_for_the_job(row: dict[str, Any]) -> bool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
-from common.results import atomic_write_text
+from common.store import atomic_write_text
 from experiments.execution import device, frameworks, inference, loader_bench, overhead
 from experiments.execution.runner import speaks_for_the_job
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,15 @@ def _save(figure: Any, path: Path) -> Path:
     return path
 
 
-def plot_step_time(cells: Cells, path: Path, title: str) -> Path:
+def _finished(cells: Cells) -> bool:
+    """Whether any cell has a finished run with a step time to draw (a folder of failed runs has none)."""
+    return any(math.isfinite(c.step_s) and c.step_s > 0 for c in cells.values())
+
+
+def plot_step_time(cells: Cells, path: Path, title: str) -> Path | None:
+    """Bars of the median step time per group and framework (None, and no file, if no run finished)."""
+    if not _finished(cells):
+        return None
     plt = _pyplot()
     names = ordered_groups(cells)
     figure, axis = plt.subplots(figsize=(8, 4))
@@ -43,7 +52,9 @@ def plot_step_time(cells: Cells, path: Path, title: str) -> Path:
     return _save(figure, path)
 
 
-def plot_data_wait(cells: Cells, path: Path) -> Path:
+def plot_data_wait(cells: Cells, path: Path) -> Path | None:
+    if not _finished(cells):
+        return None
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(9, 4))
     labels, waits, computes = [], [], []
@@ -64,9 +75,11 @@ def plot_data_wait(cells: Cells, path: Path) -> Path:
     return _save(figure, path)
 
 
-def plot_memory_vs_time(cells: Cells, path: Path, title: str) -> Path:
+def plot_memory_vs_time(cells: Cells, path: Path, title: str) -> Path | None:
     """Each value of the sweep as a point: step time against memory (device peak where measured, else the
     bytes saved for backward), one line per framework."""
+    if not _finished(cells):
+        return None
     plt = _pyplot()
     figure, axis = plt.subplots(figsize=(7, 4.5))
     use_peak = any(c.peak_bytes == c.peak_bytes for c in cells.values() if c.runs)
@@ -85,9 +98,11 @@ def plot_memory_vs_time(cells: Cells, path: Path, title: str) -> Path:
     return _save(figure, path)
 
 
-def plot_latency(rows: list[dict[str, Any]], path: Path) -> Path:
-    plt = _pyplot()
+def plot_latency(rows: list[dict[str, Any]], path: Path) -> Path | None:
     ok = [r for r in rows if r.get("command") == "infer" and r.get("status") == "ok"]
+    if not ok:
+        return None
+    plt = _pyplot()
     figure, axis = plt.subplots(figsize=(9, 4))
     labels = [f"{r['variant']}\n{r['framework']}" for r in ok]
     p50 = [r["latency_b1_ms"]["p50"] for r in ok]

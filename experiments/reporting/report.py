@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.results import ResultStore, RunRecord, atomic_write_text
+from common.results import RunRecord
+from common.store import ResultsError, ResultStore, atomic_write_text
 from experiments.catalog import reference
 from experiments.catalog.rows import MATMUL_RATE_KEY
 from experiments.reporting.cells import Cells, ladder_cells, sweep_cells
@@ -65,7 +66,7 @@ def _inference_parts(folder: Path, rows: list[dict[str, Any]]) -> tuple[list[str
     example = infer[0]
     options, training = example.get("options", {}), example.get("training", {})
     table = inference_table(rows)
-    plot_latency(rows, folder / "inference_latency.png")
+    plot = plot_latency(rows, folder / "inference_latency.png")
     parts = [f"# twinrun inference report: {folder.name}",
              f"Batch-1 latency: {options.get('calls')} timed calls after {options.get('warmup')} warm-up ones (the "
              f"first call, with any compilation, is its own column); throughput: median of "
@@ -73,7 +74,7 @@ def _inference_parts(folder: Path, rows: list[dict[str, Any]]) -> tuple[list[str
              f"out, so it is synchronized. Accuracy on the eval split ({example.get('eval_batches') or 'all'} batches "
              f"of 128), delta against the same framework's eager fp32. Weights: {training}. Device: "
              f"{sorted({str(r.get('device')) for r in infer})}; host: {example.get('host')}.",
-             table, "![latency](inference_latency.png)"]
+             table, _images([plot])]
     return parts, table
 
 
@@ -94,14 +95,11 @@ def _sweep_parts(folder: Path, records: list[RunRecord], rate: float | None) -> 
     if technique == "scaling":
         parts.append(scaling_table(cells))
     parts.append(_notes_text(cells))
-    images = []
-    if cells:
-        images.append(plot_step_time(cells, folder / "sweep_step_time.png", f"step time per {technique} value"))
-        images.append(plot_data_wait(cells, folder / "sweep_data_wait.png"))
-        if technique in MEMORY_SWEEPS:
-            images.append(plot_memory_vs_time(cells, folder / "sweep_memory_vs_time.png",
-                                              f"{technique}: memory vs time"))
-    parts.append("\n\n".join(f"![{p.stem}]({p.name})" for p in images))
+    images = [plot_step_time(cells, folder / "sweep_step_time.png", f"step time per {technique} value"),
+              plot_data_wait(cells, folder / "sweep_data_wait.png")]
+    if technique in MEMORY_SWEEPS:
+        images.append(plot_memory_vs_time(cells, folder / "sweep_memory_vs_time.png", f"{technique}: memory vs time"))
+    parts.append(_images(images))
     return parts, table
 
 
@@ -115,17 +113,25 @@ def _ladder_parts(folder: Path, records: list[RunRecord], rate: float | None) ->
              f"{reference.STEP_MS_TEXT} and {reference.GPU_UTILISATION_TEXT}. These are reference figures, not our "
              f"measurements.",
              "## What each rung means in each framework\n\n" + mapping_table(), _notes_text(cells)]
-    if cells:
-        plot_step_time(cells, folder / "ladder_step_time.png", "step time per rung")
-        plot_data_wait(cells, folder / "ladder_data_wait.png")
-    parts.append("![step time](ladder_step_time.png)\n\n![data wait](ladder_data_wait.png)")
+    parts.append(_images([plot_step_time(cells, folder / "ladder_step_time.png", "step time per rung"),
+                          plot_data_wait(cells, folder / "ladder_data_wait.png")]))
     return parts, table
+
+
+def _images(paths: list[Path | None]) -> str:
+    """The plots that were drawn, as markdown images; a line saying why there are none."""
+    drawn = [p for p in paths if p is not None]
+    if not drawn:
+        return "No plots: no run in this folder finished (the table gives each run's error)."
+    return "\n\n".join(f"![{p.stem}]({p.name})" for p in drawn)
 
 
 def write_report(folder: Path) -> Report:
     """report.md (+ PNGs) for a results folder holding a ladder, a sweep or inference rows."""
-    store = ResultStore(folder / "runs.jsonl")
+    store = ResultStore(folder)
     rows = store.rows()
+    if not rows:
+        raise ResultsError(f"no results in {folder} (neither {store.path.name} nor {store.jsonl.name})")
     if any(r.get("command") == "infer" for r in rows):
         parts, table = _inference_parts(folder, rows)
     else:
