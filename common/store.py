@@ -196,6 +196,15 @@ class ResultStore:
                                f"{'; '.join(changed[:6])}. Rerun with --fresh to move the old results to "
                                f"{self.folder / OLD}/ and start over, or give another --name / --out.")
 
+    def start(self, planned: dict[str, Row], fresh: bool) -> Path | None:
+        """The start of a command that writes ``planned`` keys (key -> ``run_settings``), once every argument has
+        been checked: with ``fresh``, the earlier results are moved aside (returns where to); otherwise rows of
+        other settings are refused (``check_resumable``)."""
+        if fresh:
+            return self.move_aside()
+        self.check_resumable(planned)
+        return None
+
     # -- writing ----------------------------------------------------------------------------------------------
 
     def add(self, row: Row) -> bool:

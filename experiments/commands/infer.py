@@ -71,13 +71,10 @@ def run(args: argparse.Namespace) -> int:
                            throughput_calls=args.throughput_calls, calibration_batches=args.calibration_batches,
                            eval_batches=config.eval_batches, weights_from=origin)
     console = console_for_output()
-    if args.fresh:  # every argument is valid by now
-        moved = store.move_aside()
-        if moved:
-            console.print(f"earlier results moved to {moved}")
-    else:  # rows of other settings would be reported as this command's
-        settings = run_settings(config.to_dict(), host_info(), options.to_dict())
-        store.check_resumable({f"infer/{f}/{v}": settings for f in frameworks for v in args.variants})
+    settings = run_settings(config.to_dict(), host_info(), options.to_dict())  # rows of others: refused
+    moved = store.start({f"infer/{f}/{v}": settings for f in frameworks for v in args.variants}, args.fresh)
+    if moved:
+        console.print(f"earlier results moved to {moved}")
     weights, training = args.weights, {"weights": origin}
     if weights is None and args.train_epochs > 0:
         console.print(f"[bold]infer[/]: training {config.model} width {config.width} for {args.train_epochs} epochs "

@@ -152,12 +152,9 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
     device's matmul rate, once per results folder (the report reads it, never measures it). ``fresh``: the
     folder's earlier results are moved aside first (the caller has validated everything by now)."""
     host = host_info()
-    if fresh:
-        moved = store.move_aside()
-        if moved:
-            console.print(f"earlier results moved to {moved}")
-    else:
-        store.check_resumable({job.key: run_settings(job.config.to_dict(), host) for job in plan})
+    moved = store.start({job.key: run_settings(job.config.to_dict(), host) for job in plan}, fresh)
+    if moved:
+        console.print(f"earlier results moved to {moved}")
     finished = store.finished_keys()
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
