@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/twinrun ladder
+	$(VENV)/bin/twinrun ladder --repeats 2
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest

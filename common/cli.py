@@ -55,6 +55,8 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
         "epochs": ("epochs (give steps or epochs)", None),
         "eval_every": ("optimizer steps between evaluations; 0: at the end only", None),
         "eval_batches": ("cap on evaluation batches; none: the whole test split", None),
+        "target_accuracy": ("stop at the first evaluation whose accuracy reaches A; evaluates at every epoch end "
+                            "(and every --eval-every steps)", None),
     },
     "precision": {
         "precision": ("compute dtype; fp64 is the verification mode", cfg.PRECISIONS),
@@ -68,6 +70,8 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
         "compile": ("torch.compile / jax.jit, or eager (JAX: op by op)", cfg.COMPILE_MODES),
         "torchcompile_mode": ("torch.compile mode", cfg.TORCH_COMPILE_MODES),
         "cudnn_benchmark": ("torch.backends.cudnn.benchmark", None),
+        "xla_flags": ("XLA_FLAGS the JAX side adds before its backend starts, e.g. '--xla_cpu_use_onednn=true' "
+                      "(torch: no effect)", None),
         "channels_last": ("torch memory format NHWC", None),
     },
     "loader": {
@@ -100,6 +104,8 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
         "timing_warmup": ("steps left out of the steady-state statistics (the first compiles)", None),
         "profile_steps": ("trace the last N steps (torch.profiler / jax.profiler)", None),
         "profile_dir": ("folder of the profiler trace", None),
+        "tensorboard_dir": ("write TensorBoard scalars here (a subfolder per framework): per step loss, LR, step "
+                            "time, data wait (fp16: loss scale); per evaluation accuracy and loss", None),
     },
 }
 # Test hooks: accepted, never shown in --help.
@@ -117,7 +123,10 @@ FLAG_ALIASES: dict[str, tuple[str, ...]] = {
     "warmup_steps": ("--warmup-steps",),
     "label_smoothing": ("--smoothing", "--label-smoothing"),
     "remat": ("--grad-checkpointing", "--remat"),
+    "target_accuracy": ("--to-accuracy", "--target-accuracy"),
 }
+# Value names in --help where the help text names the value (otherwise the field's name in capitals).
+METAVARS: dict[str, str] = {"target_accuracy": "A"}
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,14 +151,14 @@ def _add(parser: Any, f: Any, text: str, choices: tuple[str, ...] | None) -> Non
         parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
     else:
         parser.add_argument(*flags, dest=f.name, default=None, type=_parser_for(f.type), choices=choices,
-                            metavar=None if choices else f.name.upper(), help=text)
+                            metavar=None if choices else METAVARS.get(f.name, f.name.upper()), help=text)
 
 
 def _parser_for(type_text: str) -> Any:
     if type_text.startswith("int"):
         return _optional(int)
     if type_text.startswith("float"):
-        return float
+        return _optional(float) if "None" in type_text else float  # "none" unsets an optional one (a TOML value)
     return _optional(str)
 
 

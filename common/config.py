@@ -52,6 +52,9 @@ class RunConfig:
     epochs: int | None = 1
     eval_every: int = 0  # optimizer steps between evaluations; 0: only at the end
     eval_batches: int | None = None  # cap on evaluation batches (None: the whole split)
+    # time to accuracy: stop at the first evaluation whose accuracy reaches this, evaluating at every epoch end
+    # (besides eval_every); steps / epochs stay the most the run may take
+    target_accuracy: float | None = None
     timing_warmup: int = 2  # steps excluded from the steady-state statistics (the first includes compilation)
     # optimizer
     optimizer: str = "sgd"
@@ -69,6 +72,9 @@ class RunConfig:
     torchcompile_mode: str = "default"
     matmul_precision: str = "highest"
     cudnn_benchmark: bool = False
+    # XLA_FLAGS the JAX side adds before its backend starts (XLA:CPU's switches: oneDNN, XNNPACK fusion, ...);
+    # torch accepts it with a note. The flags rung sets JAX_CPU_XLA_FLAGS (experiments/catalog/rungs.py) on a CPU.
+    xla_flags: str = ""
     grad_accum_steps: int = 1
     lr_scale_accum: bool = False  # linear scaling rule: lr * grad_accum_steps
     # activation (gradient) checkpointing, called remat here so that "checkpoint" means only the saved training
@@ -107,6 +113,9 @@ class RunConfig:
     # timing statistics, since tracing slows them) and write a trace under ``profile_dir``
     profile_steps: int = 0
     profile_dir: str | None = None
+    # TensorBoard event files of the per-step scalars (loss, LR, step time) and evaluations, one subfolder per
+    # framework; written between steps, outside their timed part
+    tensorboard_dir: str | None = None
     # initial weights (torch-keyed .npz) shared by both frameworks for paired runs
     init_weights: str | None = None
     save_weights: str | None = None  # final weights (torch-keyed .npz, BN statistics included), e.g. for inference
@@ -146,6 +155,10 @@ class RunConfig:
         for name in ("steps", "epochs", "eval_batches"):  # None: not given (the other of steps and epochs; all batches)
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:  # NaN fails this too
+            raise ConfigError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.target_accuracy is not None and self.source == "synthetic":
+            raise ConfigError("target_accuracy needs real labels; the synthetic source's accuracy means nothing")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
         if not 0 <= self.momentum < 1:

@@ -4,6 +4,12 @@ jax_impl/backend.py, alike name for name); the loop treats the two the same, so 
 results is a difference between the frameworks, not between two loops.
 
 A step is one optimizer update over ``grad_accum_steps`` micro-batches, in both frameworks.
+
+Time to accuracy (``target_accuracy``): the loop then also evaluates at every epoch end and stops at the first
+evaluation that reaches the target; every evaluation carries the seconds since the process started and the
+seconds of training steps before it, and every step its end since the process started, so a report can put the
+frameworks side by side on wall time as well as on steps. TensorBoard scalars (``tensorboard_dir``) are written
+between steps, after a step's timed part has ended.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -21,8 +27,9 @@ from common.data.batches import grouped
 from common.errors import ConfigError
 from common.metrics import is_diverged
 from common.results import Evaluation, Memory, RunResult
+from common.scalars import Scalars
 from common.schedule import learning_rate
-from common.timing import StepTimer
+from common.timing import StepTimer, process_start_perf_counter, process_start_time
 from common.workloads import open_sources, workload_for
 
 Batch = tuple[Any, Any]  # (images, labels), framework arrays
@@ -49,6 +56,31 @@ class Place:
     def takes_part(self) -> bool:
         """Whether this process evaluates, measures memory and writes checkpoints."""
         return self.is_main or self.spmd
+
+
+@dataclass
+class Progress:
+    """The run on the wall clock, for time to accuracy: readings of ``time.perf_counter`` (the clock the steps are
+    timed on) become seconds since this process started, and the seconds of training steps and of evaluations
+    are added up as they pass."""
+
+    origin: float = field(default_factory=process_start_perf_counter)  # perf_counter's reading at process start
+    start_time: float = field(default_factory=process_start_time)  # the same instant, Unix time
+    train_s: float = 0.0  # data wait + compute of every step so far, the first one included
+    evaluation_s: float = 0.0
+    step_elapsed_s: list[float] = field(default_factory=list)
+    evaluated_at: int | None = None  # the step of the latest evaluation, in every process (not only those that hold it)
+
+    def elapsed(self, reading: float) -> float:
+        return reading - self.origin
+
+    def wall(self, reading: float) -> float:
+        """Unix time of a perf_counter reading (TensorBoard's wall time, consistent with ``elapsed``)."""
+        return self.start_time + reading - self.origin
+
+    def stepped(self, began: float, ended: float) -> None:
+        self.train_s += ended - began
+        self.step_elapsed_s.append(ended - self.origin)
 
 
 class Loader(Protocol):
@@ -122,14 +154,19 @@ def fit(config: RunConfig, backend: Backend) -> RunResult:
     place = backend.start(config)
     clean = False
     try:
-        result = _train(config, backend, place)
+        # Closed however the run ends (diverged, failed): the scalars up to there are what explains it.
+        with Scalars(config.tensorboard_dir if place.is_main else None, backend.name) as scalars:
+            result = _train(config, backend, place, scalars)
         clean = True
         return result
     finally:
         backend.finish(clean)
 
 
-def _train(config: RunConfig, backend: Backend, place: Place) -> RunResult:
+def _train(config: RunConfig, backend: Backend, place: Place, scalars: Scalars) -> RunResult:
+    if config.target_accuracy is not None and place.processes > 1 and not place.spmd:
+        raise ConfigError(f"target_accuracy over {place.processes} {backend.name} processes is not built: only rank "
+                          f"0 evaluates, and the loop has no way to tell the other ranks to stop with it")
     train_source, eval_source = open_sources(config)
     arch = workload_for(config.model).describe(config, train_source.num_classes)
     train_loader, eval_loader = backend.loaders(train_source, eval_source)
@@ -142,16 +179,17 @@ def _train(config: RunConfig, backend: Backend, place: Place) -> RunResult:
     notes = [*place.notes, *build_notes] + ([f"resumed from step {start}"] if start else [])
 
     timer = StepTimer(config.timing_warmup)
+    progress = Progress()
     losses: list[float] = []
     loss_scales: list[float] = []
     evals: list[Evaluation] = []
-    status, step = "ok", start
+    status, step, reached = "ok", start, False
     updates = start  # optimizer updates: an fp16 step skipped on overflow is none, and leaves the LR where it is
     first: Sequence[Batch] | None = None
     profiler: Profiler | None = None
     scale = backend.loss_scale()
     clock = time.perf_counter
-    while step < total_steps and status == "ok":
+    while step < total_steps and status == "ok" and not reached:
         epoch, offset = divmod(step, steps_per_epoch)
         batches = grouped(train_loader.epoch(epoch, start_batch=offset * k), k)
         while step < total_steps:
@@ -170,12 +208,17 @@ def _train(config: RunConfig, backend: Backend, place: Place) -> RunResult:
                 timer.record(t1 - t0, t2 - t1, sum(len(labels) for _, labels in group) * place.readers)
             else:
                 profiler.step()
+            progress.stepped(t0, t2)
             first = group if first is None else first
+            used = updates  # the step ran at the LR of the updates before it
             previous, scale = scale, backend.loss_scale()
             updates += 0 if scale < previous else 1  # a lowered scale means the step was skipped
             losses.append(value)
             loss_scales.append(scale)
             step += 1
+            if scalars.enabled:
+                lr = float(learning_rate(used, config, total_steps, np))
+                scalars.write(step, progress.wall(t2), _step_scalars(config, value, lr, t1 - t0, t2 - t0, scale))
             if is_diverged(value, losses[0]):
                 status = "diverged"
                 break
@@ -183,13 +226,19 @@ def _train(config: RunConfig, backend: Backend, place: Place) -> RunResult:
                 backend.save(config.checkpoint_dir, step)  # type: ignore[arg-type]
             if config.fail_after_step == step:
                 os._exit(9)  # test hook: die like a killed process, no clean-up
-            if config.eval_every and step % config.eval_every == 0 and step < total_steps:
-                evals += _evaluate(backend, place, eval_loader, step)
+            if _evaluates_after(config, step, total_steps, steps_per_epoch):
+                done = _evaluate(backend, place, eval_loader, step, progress, scalars)
+                evals += done
+                reached = _reaches(config, done)
+                if reached:
+                    break
 
     profile = profiler.stop() if profiler is not None else None
     ok = status == "ok"
-    if ok:
-        evals += _evaluate(backend, place, eval_loader, step)
+    if ok and progress.evaluated_at != step:  # not when the run stopped at an evaluation
+        evals += _evaluate(backend, place, eval_loader, step, progress, scalars)
+    if ok and config.target_accuracy is not None and place.is_main:
+        notes.append(_target_note(config.target_accuracy, evals, total_steps))
     memory = backend.memory(first) if first is not None and ok and place.takes_part else Memory()
     if config.save_weights and ok and place.is_main:
         backend.save_weights(config.save_weights)
@@ -197,12 +246,62 @@ def _train(config: RunConfig, backend: Backend, place: Place) -> RunResult:
     return RunResult(
         framework=backend.name, status=status, steps_done=step, start_step=start, losses=losses,
         loss_scales=loss_scales, timing=timer.summary(), memory=memory, evals=evals,
+        step_elapsed_s=progress.step_elapsed_s, evaluation_s=progress.evaluation_s,
         final_lr=float(learning_rate(updates, config, total_steps, np)), recompiles=max(graphs - 1, 0),
         graphs_compiled=graphs, notes=notes, device=backend.device, framework_version=backend.version,
         num_classes=arch.num_classes, synthetic_data=train_source.synthetic, replicas=place.replicas,
         processes=place.processes, process_index=place.rank, profile=profile)
 
 
-def _evaluate(backend: Backend, place: Place, loader: Loader, step: int) -> list[Evaluation]:
+def _evaluates_after(config: RunConfig, step: int, total_steps: int, steps_per_epoch: int) -> bool:
+    """Whether the loop evaluates after ``step``: every ``eval_every`` steps, and at every epoch end when it runs to
+    an accuracy. Never after the last step: the final evaluation after the loop is that one (after the profiler's
+    window has closed)."""
+    every = config.eval_every and step % config.eval_every == 0
+    epoch_end = config.target_accuracy is not None and step % steps_per_epoch == 0
+    return bool(every or epoch_end) and step < total_steps
+
+
+def _reaches(config: RunConfig, done: list[Evaluation]) -> bool:
+    """Whether this evaluation ends the run. Every process decides alike: under SPMD (JAX) each one evaluates the
+    same global arrays; torch over several processes is refused before the run starts."""
+    target = config.target_accuracy
+    return target is not None and bool(done) and done[-1].accuracy >= target
+
+
+def _evaluate(backend: Backend, place: Place, loader: Loader, step: int, progress: Progress,
+              scalars: Scalars) -> list[Evaluation]:
+    """This process's evaluation at ``step`` (none where it takes no part), stamped with its wall-clock place."""
+    began = time.perf_counter()
     backend.gather()  # every process: it may be a collective (the pipeline's stages send their weights)
-    return [backend.evaluate(loader, step)] if place.takes_part else []
+    found = backend.evaluate(loader, step) if place.takes_part else None
+    ended = time.perf_counter()
+    progress.evaluation_s += ended - began
+    progress.evaluated_at = step
+    if found is None:
+        return []
+    stamped = replace(found, elapsed_s=progress.elapsed(ended), train_s=progress.train_s)
+    scalars.write(step, progress.wall(ended), {"eval/accuracy": stamped.accuracy, "eval/loss": stamped.loss})
+    scalars.flush()  # evaluations are rare: a live TensorBoard shows each at once
+    return [stamped]
+
+
+def _step_scalars(config: RunConfig, loss: float, lr: float, data_wait_s: float, step_s: float,
+                  scale: float) -> dict[str, float]:
+    """One step's TensorBoard scalars (milliseconds, as people read step times); the loss scale only where fp16
+    has one."""
+    values = {"train/loss": loss, "train/lr": lr, "train/step_ms": step_s * 1e3,
+              "train/data_wait_ms": data_wait_s * 1e3}
+    if config.precision == "fp16":
+        values["train/loss_scale"] = scale
+    return values
+
+
+def _target_note(target: float, evals: list[Evaluation], total_steps: int) -> str:
+    """Whether and where the run reached its target accuracy, for the run's notes."""
+    hit = next((e for e in evals if e.accuracy >= target), None)
+    if hit is None:
+        best = max((e.accuracy for e in evals), default=float("nan"))
+        return f"target accuracy {target:g} not reached in {total_steps} steps (best {best:.4f})"
+    return (f"target accuracy {target:g} reached at step {hit.step} of {total_steps}: {hit.accuracy:.4f}, "
+            f"{hit.elapsed_s:.1f} s after the process started ({hit.train_s:.1f} s of steps)")

@@ -2,7 +2,8 @@
 
 A trainer returns a ``RunResult``; the driver stores ``RunRecord(...).to_row()`` (the result plus what the plan
 knows: key, command, config, host) and every reader goes back through ``RunRecord.from_row``. Rows carry
-``schema``; rows written before it (schema 1) still read."""
+``schema``; rows written before it (schema 1) still read, and a field added since (the time-to-accuracy seconds)
+reads as not measured (NaN, or an empty list) from a row without it."""
 
 from __future__ import annotations
 
@@ -75,6 +76,12 @@ class Evaluation:
     accuracy: float
     loss: float
     samples: int
+    # Time to accuracy, stamped by the loop (NaN in rows written before them). elapsed_s: seconds from the process's
+    # start to the end of this evaluation, so interpreter and framework imports, data loading, compilation and
+    # earlier evaluations count, as a user waits for them; train_s: seconds in training steps alone (data wait +
+    # compute, the first step included) up to this evaluation.
+    elapsed_s: float = NAN
+    train_s: float = NAN
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,11 @@ class RunResult:
     start_step: int = 0
     losses: list[float] = field(default_factory=list)
     loss_scales: list[float] = field(default_factory=list)
+    step_elapsed_s: list[float] = field(default_factory=list)  # seconds from the process's start to each step's end
     timing: Timing = field(default_factory=Timing)
     memory: Memory = field(default_factory=Memory)
     evals: list[Evaluation] = field(default_factory=list)  # every evaluation, the final one last
+    evaluation_s: float = NAN  # seconds spent evaluating, every evaluation together
     final_lr: float = NAN
     recompiles: int = 0  # compiled graphs beyond the first
     graphs_compiled: int = 0
@@ -139,13 +148,26 @@ class RunResult:
         values["status"] = row.get("status", "failed")
         values["timing"] = Timing.from_dict(row.get("timing") or {})
         values["memory"] = Memory(**_known(Memory, row.get("memory") or {}))
-        evals = [Evaluation(**_known(Evaluation, e)) for e in row.get("evals") or []]
+        evals = [_evaluation(e) for e in row.get("evals") or []]
         if not evals and row.get("eval"):  # schema 1 rows may hold only the final one
             evals = [Evaluation(step=row.get("steps_done", 0), **_known(Evaluation, row["eval"]))]
         values["evals"] = evals
         if "framework_version" not in row:  # schema 1 kept the version under the framework's name
             values["framework_version"] = str(row.get(values["framework"], ""))
+        values["evaluation_s"] = _seconds(row.get("evaluation_s"))
         return cls(**values)
+
+
+def _evaluation(values: dict[str, Any]) -> Evaluation:
+    known = _known(Evaluation, values)
+    return Evaluation(**{**known, "elapsed_s": _seconds(known.get("elapsed_s")),
+                         "train_s": _seconds(known.get("train_s"))})
+
+
+def _seconds(value: float | None) -> float:
+    """A stored duration; "not measured" (absent, null, or the NaN a JSON row reads back as a new float) is the one
+    NAN, so a result read back from its row compares equal to the one written (NaN != NaN, but ``is`` holds)."""
+    return NAN if value is None or not math.isfinite(value) else float(value)
 
 
 def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:

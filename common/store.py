@@ -36,8 +36,8 @@ EXPORTS = ("runs.jsonl", "runs.csv")
 REJECTED = "runs.rejected.jsonl"
 OLD = "old"  # --fresh moves earlier results to OLD/<time>/ in the same folder
 # Config keys a measurement does not depend on: the path of the (digest-named) initial weights, and test hooks.
-NOT_SETTINGS = ("init_weights", "fail_after_step", "inject_inf_at_step")
-HOST_SETTINGS = ("python", "machine", "cpus", "cpu_model", "gpus", "versions")
+NOT_SETTINGS = ("init_weights", "tensorboard_dir", "fail_after_step", "inject_inf_at_step")
+HOST_SETTINGS = ("python", "machine", "cpus", "cpu_model", "gpus", "versions", "capabilities")
 _SETUP_ATTEMPTS = 40
 _TABLES = """
 CREATE TABLE IF NOT EXISTS rows (key TEXT PRIMARY KEY, status TEXT, written REAL, row TEXT NOT NULL);

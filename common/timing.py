@@ -1,14 +1,23 @@
-"""Summaries of timed samples: median and spread, never a mean alone."""
+"""Summaries of timed samples: median and spread, never a mean alone; and when this process started, for the
+wall-clock side of time to accuracy (everything a user waits for, not only the steps)."""
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from common.results import Summary, Timing
+
+# The fallback start where /proc cannot say (not Linux): as early as this process can see itself, since common/
+# is imported before either framework.
+_IMPORTED_AT = time.time()
+_START_TICKS_FIELD = 22  # /proc/[pid]/stat: starttime, in clock ticks after boot (proc(5))
 
 
 def summarize(samples: Sequence[float]) -> dict[str, float]:
@@ -78,3 +87,40 @@ def time_batches(batches: Iterable[Any], wait: Callable[[Any], Any], max_batches
         if number + 1 >= max_batches:
             break
     return float(first or 0.0), times
+
+
+@functools.cache
+def process_start_time() -> float:
+    """The Unix time at which this process started, so a time to accuracy includes the interpreter, the framework
+    imports, data loading and compilation: the wait a user has. Linux: /proc/self/stat's starttime after boot;
+    elsewhere the time common.timing was imported (later than the real start by the interpreter's own start-up)."""
+    try:
+        return _boot_time() + _started_after_boot()
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED_AT
+
+
+def process_start_perf_counter() -> float:
+    """What ``time.perf_counter()`` read when this process started (typically negative): subtract it from a
+    perf_counter reading for seconds since the start, on the monotonic clock the step timings use."""
+    return time.perf_counter() - (time.time() - process_start_time())
+
+
+def _started_after_boot() -> float:
+    """Seconds from boot to this process's start. The command name (field 2) may hold spaces and parentheses, so
+    the fields are counted from after its closing parenthesis, which is followed by field 3."""
+    stat = Path("/proc/self/stat").read_text()
+    after_name = stat[stat.rindex(")") + 2:].split()
+    return int(after_name[_START_TICKS_FIELD - 3]) / os.sysconf("SC_CLK_TCK")
+
+
+def _boot_time() -> float:
+    """The Unix time of boot. /proc/stat's btime is it truncated to whole seconds (up to 1 s early, which a short
+    run's time to accuracy would show); now minus CLOCK_BOOTTIME, the clock starttime counts on, is the same
+    instant unrounded. btime is the fallback where that clock is missing."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise ValueError("no btime in /proc/stat")

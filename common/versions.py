@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from common.capabilities import detect
+
 # the libraries a twinrun measurement depends on
 MEASURED_PACKAGES = ("torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy")
 
@@ -55,7 +57,8 @@ def gpu_names() -> tuple[str, ...]:
 def _host() -> dict[str, object]:
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "processor": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
-            "gpus": list(gpu_names()), "versions": package_versions(MEASURED_PACKAGES)}
+            "gpus": list(gpu_names()), "versions": package_versions(MEASURED_PACKAGES),
+            "capabilities": detect().to_dict()}
 
 
 def host_info() -> dict[str, object]:

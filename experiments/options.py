@@ -54,6 +54,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def unit_fraction(text: str) -> float:
+    """argparse type: a number in (0, 1], such as an accuracy."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got '{text}'") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (an accuracy of 0.6 is 60%), got {text}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """argparse type: comma-separated integers of 0 or more (worker counts)."""
     try:

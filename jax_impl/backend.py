@@ -4,6 +4,7 @@ method for method. The step itself is jax_impl/train.py's."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +32,6 @@ from jax_impl.train import (
     make_train_step,
     measure_saved_bytes,
     measure_xla_memory,
-    mode,
 )
 
 Batch = tuple[jax.Array, jax.Array]
@@ -46,6 +46,8 @@ class Backend:
 
     def start(self, config: RunConfig) -> Place:
         self.config = config
+        if config.xla_flags:  # read once, when XLA's backend starts: before any device is touched
+            os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {config.xla_flags}".strip()
         parallel.start(config)  # joins jax.distributed first when the run spans processes
         self.scope = contextlib.ExitStack()
         self.scope.enter_context(jax.enable_x64(config.precision == "fp64"))  # left in finish()
@@ -101,15 +103,14 @@ class Backend:
     def step(self, group: Sequence[Batch], inject_inf: bool) -> float:
         inject = jnp.asarray(inject_inf)
         total = 0.0
-        with mode(self.config):
-            for images, labels in group:  # with k > 1, optax.MultiSteps updates on the k-th micro-batch
-                if self.data_parallel is not None:
-                    images, labels = self.data_parallel.place_batch(images, labels)
-                    self.state, loss = self.step_fn(self.state, images, labels, inject)
-                    loss = self.data_parallel.loss_value(loss)
-                else:
-                    self.state, loss = self.step_fn(self.state, images, labels, inject)
-                total += loss
+        for images, labels in group:  # with k > 1, optax.MultiSteps updates on the k-th micro-batch
+            if self.data_parallel is not None:
+                images, labels = self.data_parallel.place_batch(images, labels)
+                self.state, loss = self.step_fn(self.state, images, labels, inject)
+                loss = self.data_parallel.loss_value(loss)
+            else:
+                self.state, loss = self.step_fn(self.state, images, labels, inject)
+            total += loss
         return float(jax.block_until_ready(total)) / len(group)
 
     def loss_scale(self) -> float:

@@ -4,7 +4,6 @@ side by side; jax_impl/backend.py hands them to the one training loop (common/lo
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -110,6 +109,9 @@ def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransfor
         return step  # the caller makes it data parallel (jax_impl/parallel.py)
     if config.compile == "compiled":
         return jax.jit(step, donate_argnums=(0,))  # donated: the old state's buffers are reused in place
+    # Eager: the step without jax.jit, as a JAX user meets it outside jit: each operation is dispatched on its own
+    # (JAX's and Flax's own jitted helpers stay single programs, as in any un-jitted JAX code). jax.disable_jit,
+    # used before, also took those helpers apart: 1211 -> 479 ms a step, ResNet-18 width 0.125 batch 64 here.
     return step
 
 
@@ -123,20 +125,16 @@ def evaluate(config: RunConfig, model: ResNet, state: TrainState, loader) -> dic
     logits_fn = jax.jit(_eval_logits(model))
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     correct, seen, loss_sum = 0, 0, 0.0
-    with mode(config):
-        for number, (images, labels) in enumerate(loader.epoch(0)):
-            if config.eval_batches is not None and number >= config.eval_batches:
-                break
-            logits = logits_fn(variables, images).astype(param_dtype(config))
-            loss_sum += float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
-            correct += int((logits.argmax(1) == labels).sum())
-            seen += len(labels)
+    for number, (images, labels) in enumerate(loader.epoch(0)):
+        if config.eval_batches is not None and number >= config.eval_batches:
+            break
+        logits = logits_fn(variables, images).astype(param_dtype(config))
+        loss_sum += float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
+        correct += int((logits.argmax(1) == labels).sum())
+        seen += len(labels)
     return {"accuracy": correct / seen, "loss": loss_sum / seen, "samples": seen}
 
 
-def mode(config: RunConfig) -> contextlib.AbstractContextManager:
-    """Eager = op by op: JAX's equivalent of torch eager mode (every op dispatched on its own)."""
-    return jax.disable_jit() if config.compile == "eager" else contextlib.nullcontext()
 
 
 def measure_saved_bytes(config: RunConfig, model: ResNet, state: TrainState, images: jax.Array,

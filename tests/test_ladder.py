@@ -35,7 +35,9 @@ def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, tmp_path
     """experiments/gpu_check.sh on CPU (tiny preset): the whole ladder in both frameworks, the two sweeps,
     a diagnosis and the reports, all under one folder. This is also the test of the ladder itself."""
     out = tmp_path / "gpu-check"
-    env = {**os.environ, "PRESET": "tiny", "PYTHON": sys.executable, "DATA": str(cifar100_archive)}
+    # the accuracy ladder's amp rung gets a broken LR: a planted accuracy drop its verdict must call "lost"
+    env = {**os.environ, "PRESET": "tiny", "PYTHON": sys.executable, "DATA": str(cifar100_archive),
+           "ACCURACY_EXTRA": "--break-lr amp"}
     proc = subprocess.run(["bash", str(REPO / "experiments" / "gpu_check.sh"), str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,7 +52,35 @@ def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, tmp_path
     assert by_rung[("compile", "torch")]["config"]["compile"] == "compiled"
     report = (out / "ladder" / "report.md").read_text()
     assert "| compile | jax |" in report and "published" in report and "What each rung means" in report
+    assert "Device capabilities (detected)" in report and "## Recommendation" in report
     assert _is_png(out / "ladder" / "ladder_step_time.png") and _is_png(out / "ladder" / "ladder_data_wait.png")
+    assert "fastest configuration measured" in proc.stdout
+
+    # time to accuracy: whole epochs to a modest target, 2 seeds, both frameworks from the same weights per seed
+    accuracy = {(r["rung"], r["framework"], r["repeat"]): r for r in _rows(out / "ladder-accuracy", "ladder")}
+    assert set(accuracy) == {(rung, fw, rep) for rung in ("baseline", "amp") for fw in ("torch", "jax")
+                             for rep in (0, 1)}
+    assert all(r["status"] == "ok" for r in accuracy.values()), [r.get("error") for r in accuracy.values()]
+    for repeat in (0, 1):
+        assert accuracy[("baseline", "torch", repeat)]["config"]["init_weights"] == accuracy[
+            ("baseline", "jax", repeat)]["config"]["init_weights"]
+    assert accuracy[("baseline", "torch", 0)]["config"]["seed"] != accuracy[("baseline", "torch", 1)]["config"]["seed"]
+    for framework in ("torch", "jax"):  # the baseline reaches the target; its evaluations are timed end to end
+        evals = accuracy[("baseline", framework, 0)]["evals"]
+        assert evals[-1]["accuracy"] >= 0.02 and 0 < evals[-1]["train_s"] < evals[-1]["elapsed_s"]
+    text = (out / "ladder-accuracy" / "report.md").read_text()
+    table = text.split("## Time to accuracy")[1].split("![")[0]
+    assert "| baseline | torch | 2 | 2/2 |" in table and "| baseline | jax | 2 | 2/2 |" in table
+    assert "| amp | torch | 2 | 0/2 |" in table and table.count("| lost:") == 2  # the broken LR, in both
+    assert _is_png(out / "ladder-accuracy" / "ladder_curves.png")
+    # TensorBoard: one run per rung, repeat and framework, read back with tensorboard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(out / "ladder-accuracy" / "tensorboard" / "baseline-r0" / "jax"),
+                              size_guidance={"scalars": 0}).Reload()
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert losses == pytest.approx(accuracy[("baseline", "jax", 0)]["losses"], rel=1e-6)
+    assert [e.value for e in events.Scalars("eval/accuracy")] == pytest.approx(
+        [e["accuracy"] for e in accuracy[("baseline", "jax", 0)]["evals"]])
 
     sweep = _rows(out / "sweep-checkpointing", "sweep")
     assert {(r["value"], r["framework"]) for r in sweep} == {(v, f) for v in ("none", "all") for f in ("torch", "jax")}
@@ -60,21 +90,18 @@ def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, tmp_path
         assert saved[("all", framework)] < 0.7 * saved[("none", framework)]
     assert _is_png(out / "sweep-checkpointing" / "sweep_memory_vs_time.png")
     assert "| all | jax |" in (out / "sweep-checkpointing" / "report.md").read_text()
-    precision = {(r["value"], r["framework"]): r for r in _rows(out / "sweep-precision", "sweep")}
-    assert precision[("bf16", "torch")]["config"]["precision"] == "bf16"
-    assert precision[("bf16", "jax")]["status"] == "ok"
     (diagnosis,) = json.loads((out / "diagnose" / "diagnosis.json").read_text())["diagnoses"]  # the command's file
     assert diagnosis["verdict"] in ("input-bound", "compute-bound", "overhead-bound")
     assert diagnosis["framework"] == "torch" and diagnosis["profile"]["trace"].endswith("torch_trace.json")
-    # one set of initial weights for the ladder and both sweeps under one --results
-    assert len(list((out / "initial-weights").glob("init-*.npz"))) == 1
+    # one set of initial weights per seed for the ladders and the sweep under one --results
+    assert len(list((out / "initial-weights").glob("init-*.npz"))) == 2
     assert "done" in (out / "progress.log").read_text()
 
 
 @pytest.mark.slow
 def test_a_killed_ladder_resumes_with_its_failed_run_and_no_duplicates(cifar100_archive, tmp_path):
-    args = ["ladder", "--preset", "tiny", "--repeats", "1", "--framework", "torch", "--data", str(cifar100_archive),
-            "--results", str(tmp_path), "--name", "resume"]
+    args = ["ladder", "--preset", "tiny", "--repeats", "1", "--no-ablations", "--framework", "torch", "--data",
+            str(cifar100_archive), "--results", str(tmp_path), "--name", "resume"]
     folder = tmp_path / "resume"
     # One run dies by itself (the flags rung) and then the whole ladder is killed during the compile rung.
     ladder = subprocess.Popen([sys.executable, "-m", "experiments", *args, "--inject-failure", "flags:torch"], cwd=REPO,

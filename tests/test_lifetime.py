@@ -58,8 +58,8 @@ def _ladder_with_a_running_worker(prefix: list[str], archive: Path, tmp: Path,
                                   task: str = "") -> Iterator[tuple[subprocess.Popen, Path]]:
     """A tiny torch ladder with a worker (of ``task``, if given) started: the driver and that worker's job folder.
     Whatever the test leaves running is killed at its end."""
-    args = ["ladder", "--preset", "tiny", "--repeats", "1", "--framework", "torch", "--data", str(archive),
-            "--results", str(tmp / "results"), "--name", "k"]
+    args = ["ladder", "--preset", "tiny", "--repeats", "1", "--no-ablations", "--framework", "torch", "--data",
+            str(archive), "--results", str(tmp / "results"), "--name", "k"]
     with open(tmp / "driver.log", "w") as log:
         driver = subprocess.Popen([sys.executable, *prefix, *args], cwd=REPO, stdout=log, stderr=log,
                                   start_new_session=True)

@@ -20,8 +20,9 @@ from common.store import ResultStore, run_settings
 from common.versions import host_info
 from experiments.__main__ import main
 from experiments.catalog.presets import PRESETS
+from experiments.catalog.rungs import Device
 from experiments.execution.frameworks import FRAMEWORKS
-from experiments.execution.plan import Prepared, ladder_plan
+from experiments.execution.plan import LadderOptions, Prepared, ladder_plan
 from experiments.reporting.report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ def _row(key: str, status: str = "ok", **extra: object) -> dict:
 def _ladder_rows(archive: Path, out: Path, steps: int, status: str = "ok") -> list[dict]:
     """Rows as a tiny ladder of ``steps`` steps in ``out`` would have stored them (nothing is run)."""
     base = RunConfig(**{**PRESETS["tiny"], "steps": steps}, data=str(archive))
-    plan = ladder_plan(Prepared(base, out, ResultStore(out), FRAMEWORKS), 1, "tiny", 2, cuda=False)
+    plan = ladder_plan(Prepared(base, out, ResultStore(out), FRAMEWORKS), 1, "tiny", LadderOptions(Device(False, 2)))
     return [RunRecord(key=job.key, command="ladder", result=RunResult(job.framework, status, error="boom"),
                       config=job.config.to_dict(), host=host_info(), fields=dict(job.fields)).to_row() for job in plan]
 

@@ -21,7 +21,7 @@ def apply_flags(config: RunConfig, device: torch.device) -> list[str]:
     torch.backends.cuda.matmul.allow_tf32 = config.matmul_precision != "highest"
     torch.backends.cudnn.allow_tf32 = config.matmul_precision != "highest"
     torch.backends.cudnn.benchmark = config.cudnn_benchmark
-    notes = []
+    notes = [f"xla_flags={config.xla_flags!r}: a JAX flag, no effect in torch"] if config.xla_flags else []
     if device.type != "cuda":
         if config.cudnn_benchmark:
             notes.append("cudnn_benchmark: no effect here (no CUDA device)")

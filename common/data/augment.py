@@ -15,6 +15,7 @@ CHANNEL_STATS: dict[str, tuple[tuple[float, float, float], tuple[float, float, f
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+    "mnist5k": ((0.1004, 0.1004, 0.1004), (0.2754, 0.2754, 0.2754)),  # measured on the padded train split
 }
 
 

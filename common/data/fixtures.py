@@ -4,14 +4,22 @@ Each class has its own coarse colour pattern (a random 4x4x3 grid blown up to 32
 that pattern plus noise and a brightness shift, so a small network learns it within a few epochs while
 chance stays at 1/num_classes. The tar layout, pickle keys and dtypes are the published ones, so the
 real reader (and torchvision) read these files unchanged.
+
+That set is too easy to measure time to accuracy on (a ResNet-18 is at 1.0 after 3 epochs). ``difficulty`` (0..1)
+makes the classes overlap, so a learning curve climbs over several epochs and stops well below 1: the classes
+of one super-class (5 consecutive labels, as CIFAR-100's coarse labels) share a pattern, every image is blended
+with a distractor class, has its own noise level and a small shift, and a few percent of the labels are wrong.
+Its random draws come from a stream of their own, so difficulty 0 writes the original archive bit for bit.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +27,83 @@ import numpy as np
 from common.data.cifar import LAYOUTS, pickle_bytes
 from common.errors import DataError
 
+# The difficulty terms at difficulty 1 (see Hardness), calibrated by training the cpu preset's ResNet-18: each term
+# alone barely slows it (the class patterns are far apart), together they give a curve over several epochs.
+SHARED_MAX = 0.9  # not 1: siblings stay apart even at difficulty 1
+DISTRACTOR_MAX = 0.4  # below 0.5: an image always stays nearer its own class than its distractor
+NOISE_MAX = 80.0
+SHIFT_MAX = 2  # pixels; the training crop shifts by up to 4 more
+LABEL_NOISE_MAX = 0.05  # a few percent at most: it caps accuracy without teaching anything
+DIFFICULTY_STREAM = 0xD1F  # second seed word of the difficulty draws: apart from the original stream
+SUPERCLASS_SIZE = 5  # consecutive labels that share a pattern under difficulty (CIFAR-100's coarse labels)
+
+
+@dataclass(frozen=True)
+class Hardness:
+    """What ``difficulty`` does; each term scales linearly from nothing at 0 to its maximum at 1."""
+
+    shared: float  # weight of the super-class pattern in every class prototype: confusable sibling classes
+    distractor: float  # largest weight of a random other class's prototype mixed into one image
+    noise: float  # largest per-image std (grey levels) of extra per-pixel Gaussian noise, on top of the original 28
+    shift: int  # largest circular shift in pixels, each axis: the pattern is not pinned to one place
+    label_noise: float  # fraction of labels replaced by a uniformly drawn class (both splits)
+
+
+def hardness(difficulty: float) -> Hardness:
+    """The generator's settings at ``difficulty`` in [0, 1]."""
+    if not (math.isfinite(difficulty) and 0.0 <= difficulty <= 1.0):
+        raise DataError(f"difficulty must be a number in [0, 1], got {difficulty}")
+    return Hardness(shared=SHARED_MAX * difficulty, distractor=DISTRACTOR_MAX * difficulty,
+                    noise=NOISE_MAX * difficulty, shift=math.floor(SHIFT_MAX * difficulty),
+                    label_noise=LABEL_NOISE_MAX * difficulty)
+
+
+def _prototypes(grid: np.ndarray) -> np.ndarray:
+    """num_classes x 4 x 4 x 3 colour grid -> num_classes x 32 x 32 x 3 blocky patterns."""
+    return grid.repeat(8, axis=1).repeat(8, axis=2)
+
+
+def _shared_prototypes(rng: np.random.Generator, grid: np.ndarray, shared: float) -> np.ndarray:
+    """Pulls each class's grid toward its super-class's own random grid: siblings become alike."""
+    num_classes = len(grid)
+    groups = -(-num_classes // SUPERCLASS_SIZE)
+    super_grid = rng.integers(30, 226, size=(groups, *grid.shape[1:])).astype(np.float32)
+    own = grid.astype(np.float32)
+    return _prototypes((1.0 - shared) * own + shared * super_grid[np.arange(num_classes) // SUPERCLASS_SIZE])
+
 
 def _class_images(rng: np.random.Generator, labels: np.ndarray, prototypes: np.ndarray) -> np.ndarray:
+    """Float images before clipping: prototype, noise, brightness (the original draws, in the original order)."""
     base = prototypes[labels].astype(np.float32)  # N x 32 x 32 x 3
     noise = rng.normal(0.0, 28.0, size=base.shape).astype(np.float32)
     brightness = rng.normal(0.0, 12.0, size=(len(labels), 1, 1, 1)).astype(np.float32)
-    return np.clip(base + noise + brightness, 0, 255).astype(np.uint8)
+    return base + noise + brightness
+
+
+def _harden(rng: np.random.Generator, images: np.ndarray, labels: np.ndarray, prototypes: np.ndarray,
+            hard: Hardness) -> np.ndarray:
+    """Mixes in a distractor class, adds noise and shifts each image; ``rng`` is the difficulty stream."""
+    n, num_classes = len(labels), len(prototypes)
+    others = (labels + rng.integers(1, num_classes, size=n)) % num_classes  # never the image's own class
+    weight = rng.uniform(0.0, hard.distractor, size=(n, 1, 1, 1)).astype(np.float32)
+    # own prototype -> distractor by ``weight``: the blend stays nearer its own class, yet overlaps its neighbours
+    mixed = images + weight * (prototypes[others].astype(np.float32) - prototypes[labels].astype(np.float32))
+    # per-image noise level, from clean to ``hard.noise``: easy and hard images side by side, so the curve climbs
+    level = rng.uniform(0.0, hard.noise, size=(n, 1, 1, 1)).astype(np.float32)
+    mixed += level * rng.standard_normal(size=mixed.shape, dtype=np.float32)
+    shifts = rng.integers(-hard.shift, hard.shift + 1, size=(n, 2))
+    moved = [np.roll(image, (int(dy), int(dx)), axis=(0, 1)) for image, (dy, dx) in zip(mixed, shifts, strict=True)]
+    return np.stack(moved)
+
+
+def _noisy_labels(rng: np.random.Generator, labels: np.ndarray, num_classes: int, fraction: float) -> np.ndarray:
+    """``fraction`` of the labels redrawn uniformly (a redraw may land on the true class, as in real label noise)."""
+    flip = rng.random(len(labels)) < fraction
+    return np.where(flip, rng.integers(0, num_classes, size=len(labels)), labels)
+
+
+def _to_uint8(images: np.ndarray) -> np.ndarray:
+    return np.clip(images, 0, 255).astype(np.uint8)
 
 
 def _to_rows(images: np.ndarray) -> np.ndarray:
@@ -32,10 +111,17 @@ def _to_rows(images: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(images.transpose(0, 3, 1, 2).reshape(len(images), 3072))
 
 
-def _split(rng: np.random.Generator, n: int, num_classes: int, prototypes: np.ndarray) -> tuple[np.ndarray, list[int]]:
+def _split(rng: np.random.Generator, n: int, num_classes: int, prototypes: np.ndarray,
+           hard: tuple[np.random.Generator, Hardness] | None = None) -> tuple[np.ndarray, list[int]]:
+    """One split's rows and labels; ``hard`` (the difficulty stream and settings) only above difficulty 0."""
     labels = np.arange(n) % num_classes  # balanced classes
     rng.shuffle(labels)
-    return _to_rows(_class_images(rng, labels, prototypes)), [int(x) for x in labels]
+    images = _class_images(rng, labels, prototypes)
+    if hard is not None:
+        hard_rng, settings = hard
+        images = _harden(hard_rng, images, labels, prototypes, settings)
+        labels = _noisy_labels(hard_rng, labels, num_classes, settings.label_noise)
+    return _to_rows(_to_uint8(images)), [int(x) for x in labels]
 
 
 def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
@@ -47,12 +133,15 @@ def _add(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
 
 
 def write_cifar_archive(
-    path: str | Path, kind: str = "cifar100", n_train: int = 5000, n_test: int = 1000, seed: int = 0
+    path: str | Path, kind: str = "cifar100", n_train: int = 5000, n_test: int = 1000, seed: int = 0,
+    difficulty: float = 0.0,
 ) -> Path:
     """Writes ``kind`` (cifar100 or cifar10) as the official ``*-python.tar.gz``; returns the archive path.
 
     ``path`` is either the archive file to write or a folder to write it into under its official name.
+    ``difficulty`` in [0, 1]: 0 is the original easy set, higher overlaps the classes more (see ``hardness``).
     """
+    hard = hardness(difficulty)
     if kind not in LAYOUTS:
         raise DataError(f"unknown CIFAR kind '{kind}'; known: {', '.join(LAYOUTS)}")
     if n_train <= 0 or n_test <= 0:
@@ -64,9 +153,15 @@ def write_cifar_archive(
 
     rng = np.random.default_rng(seed)
     grid = rng.integers(30, 226, size=(layout.num_classes, 4, 4, 3)).astype(np.uint8)
-    prototypes = grid.repeat(8, axis=1).repeat(8, axis=2)
-    train_rows, train_labels = _split(rng, n_train, layout.num_classes, prototypes)
-    test_rows, test_labels = _split(rng, n_test, layout.num_classes, prototypes)
+    if difficulty == 0.0:  # the original archive, draw for draw
+        prototypes = _prototypes(grid)
+        train_rows, train_labels = _split(rng, n_train, layout.num_classes, prototypes)
+        test_rows, test_labels = _split(rng, n_test, layout.num_classes, prototypes)
+    else:
+        hard_rng = np.random.default_rng((seed, DIFFICULTY_STREAM))
+        prototypes = _shared_prototypes(hard_rng, grid, hard.shared)
+        train_rows, train_labels = _split(rng, n_train, layout.num_classes, prototypes, (hard_rng, hard))
+        test_rows, test_labels = _split(rng, n_test, layout.num_classes, prototypes, (hard_rng, hard))
     class_names = [f"class_{i:03d}" for i in range(layout.num_classes)]
 
     files: list[tuple[str, dict]] = []

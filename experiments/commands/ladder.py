@@ -1,33 +1,85 @@
-"""``twinrun ladder``: the case study's rungs, one technique added at a time, in both frameworks."""
+"""``twinrun ladder``: the case study's rungs, one technique added at a time, in both frameworks; the ablations
+"top rung minus X"; the fastest configuration measured, with the command that reproduces it; optionally time to
+accuracy over whole epochs."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
-from experiments.catalog.rungs import default_loader_workers
+from experiments.catalog import defaults
+from experiments.catalog.rungs import DEFAULT_ORDER, Device, default_loader_workers, parse_order
 from experiments.execution.device import cuda_available
-from experiments.execution.plan import execute, ladder_plan, outcome_line, prepare, with_paired_weights
-from experiments.options import add_plan_arguments, console_for_output, nonnegative_int, plan_options
+from experiments.execution.plan import (
+    LadderOptions,
+    execute,
+    ladder_plan,
+    outcome_line,
+    prepare,
+    with_paired_weights,
+)
+from experiments.options import (
+    add_plan_arguments,
+    console_for_output,
+    nonnegative_int,
+    plan_options,
+    positive_int,
+    unit_fraction,
+)
 from experiments.reporting.report import write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_plan_arguments(parser, "ladder-<preset>")
-    parser.add_argument_group("ladder").add_argument(
-        "--workers", type=nonnegative_int, default=None,
-        help="the loader rung's worker count (default: CPU count, at most 8)")
-    # test hook: make one run die, to show that the ladder records it failed and goes on
+    add_plan_arguments(parser, "ladder-<preset>[-<order>][-accuracy]")
+    ladder = parser.add_argument_group("ladder")
+    ladder.add_argument("--workers", type=nonnegative_int, default=None,
+                        help="the loader rung's worker count (default: CPU count, at most 8)")
+    ladder.add_argument("--rungs", "--order", dest="rungs", default=None, metavar="T1,T2,...",
+                        help=f"the techniques in the order the rungs add them, after the baseline (default: the "
+                             f"article's, {','.join(DEFAULT_ORDER)}; a JAX user starts with compile)")
+    ladder.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the top rung minus each technique")
+    accuracy = parser.add_argument_group("time to accuracy")
+    accuracy.add_argument("--to-accuracy", type=unit_fraction, default=None, metavar="A",
+                          help="each run trains whole epochs until its evaluation accuracy (whole eval split, at every "
+                               "epoch end) reaches A; each repeat has its own seed; default data: the generated "
+                               "archive made harder (LADDER_DIFFICULTY in experiments/catalog/defaults.py), so that "
+                               "accuracy climbs over several epochs")
+    accuracy.add_argument("--epochs", type=positive_int, default=None,
+                          help="whole epochs per run: the most with --to-accuracy (default 5), or exactly this many")
+    # test hooks: make one run die, to show that the ladder records it failed and goes on; break a rung's LR, a
+    # planted accuracy drop the verdict must call "lost"
     parser.add_argument("--inject-failure", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--break-lr", default=None, help=argparse.SUPPRESS)
+
+
+def _default_name(args: argparse.Namespace, order: tuple[str, ...]) -> str:
+    name = f"ladder-{args.preset}"
+    if order != DEFAULT_ORDER:
+        name += "-" + "-".join(order)
+    if args.to_accuracy is not None or args.epochs is not None:
+        name += "-accuracy"
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
-    prepared = with_paired_weights(prepare(plan_options(args), f"ladder-{args.preset}"))
+    order = parse_order(args.rungs)
+    options = plan_options(args)
+    accuracy = args.to_accuracy is not None or args.epochs is not None
+    if accuracy and options.data is None:  # the plain generated archive is learnt in 3 epochs: no curve to see
+        archive = defaults.default_archive("cifar100", difficulty=defaults.LADDER_DIFFICULTY)
+        options = replace(options, data=str(archive))
+    prepared = with_paired_weights(prepare(options, _default_name(args, order)))
     workers = args.workers if args.workers is not None else default_loader_workers()
-    plan = ladder_plan(prepared, args.repeats, args.preset, workers, cuda_available(), args.inject_failure)
+    ladder = LadderOptions(Device(cuda_available(), workers), order, args.ablations, args.to_accuracy, args.epochs,
+                           args.inject_failure, args.break_lr)
+    plan = ladder_plan(prepared, args.repeats, args.preset, ladder)
     console = console_for_output()
     outcome = execute(plan, prepared.store, "ladder", args.timeout, console, fresh=args.fresh)
     report = write_report(prepared.out)
     console.print(report.table)
+    for line in report.summary:
+        console.print(line)
     console.print(f"rows: {prepared.store.path} (exports: {prepared.store.jsonl.name}, {prepared.store.csv.name})\n"
                   f"report: {report.path}\n{outcome_line(outcome)}")
     return 0 if outcome.complete else 1

@@ -11,7 +11,7 @@ from typing import Any
 from common.config import RunConfig
 from common.results import RunResult
 from common.workloads import num_classes
-from experiments.execution.runner import run_isolated
+from experiments.execution.runner import COMPILE_CACHE, run_isolated
 
 
 def initial_weights(config: RunConfig, folder: Path, classes: int) -> Path:
@@ -42,9 +42,11 @@ def _with_host_devices(count: int) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": flags}
 
 
-def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None) -> RunResult:
+def run_framework(framework: str, config: RunConfig, timeout_s: float | None = None,
+                  cache_dir: str | None = None) -> RunResult:
     """One training run of ``framework`` in its own process(es): torchrun for torch's replicas and stages, local
-    jax.distributed processes for JAX's; a process that died or timed out is a failed result with the reason."""
+    jax.distributed processes for JAX's; a process that died or timed out is a failed result with the reason.
+    ``cache_dir``: the compile caches this run reads and fills (otherwise a fresh one, always cold)."""
     env, processes, launcher = None, 1, "torchrun"
     if config.pipeline_stages > 1 and framework == "torch":
         processes = config.pipeline_stages  # one process per stage
@@ -55,6 +57,8 @@ def run_framework(framework: str, config: RunConfig, timeout_s: float | None = N
     elif config.devices > 1:  # JAX: ``processes`` over jax.distributed; on a CPU host, XLA gives each its devices
         processes, launcher = config.processes, "jax.distributed"
         env = _with_host_devices(config.devices // config.processes)
+    if cache_dir is not None:
+        env = {**(env if env is not None else os.environ), COMPILE_CACHE: cache_dir}
     row = run_isolated("train", {"framework": framework, "config": config.to_dict()}, timeout_s=timeout_s,
                        env=env, processes=processes, launcher=launcher)
     return result_of(framework, row)

@@ -5,6 +5,7 @@ results folder beside the plan."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,12 +21,13 @@ from common.store import ResultStore, run_settings
 from common.versions import host_info
 from experiments.catalog.defaults import default_archive
 from experiments.catalog.presets import PRESETS
-from experiments.catalog.rungs import RUNGS, rung_config, skip_reason
+from experiments.catalog.rungs import DEFAULT_ORDER, Device, Rung, ladder_rungs, rung_config, skip_reason
 from experiments.catalog.sweeps import Sweep, mode_for
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
 
+DEFAULT_ACCURACY_EPOCHS = 5  # the ladder's epochs when --to-accuracy is given without --epochs
 SHARED_WEIGHTS = "initial-weights"  # beside the results folders: digest-named .npz files, one per model and seed
 
 
@@ -38,6 +40,8 @@ class PlannedRun:
     command: str  # the row's command: ladder, sweep
     fields: dict[str, Any] = field(default_factory=dict)  # extra row columns (rung, sweep value, repeat, ...)
     skip_reason: str | None = None  # recorded as a "skipped" row, not run (a combination the engines lack)
+    cache: str | None = None  # the folder of the run's compile caches (inductor, JAX's persistent cache)
+    cold: bool = True  # empty ``cache`` before the run, so its first step is a cold compile
 
 
 @dataclass(frozen=True)
@@ -86,22 +90,71 @@ def with_paired_weights(prepared: Prepared) -> Prepared:
     return replace(prepared, base=paired_config(prepared.base, prepared.out.parent / SHARED_WEIGHTS))
 
 
-def ladder_plan(prepared: Prepared, repeats: int, preset: str, workers: int, cuda: bool,
-                inject_failure: str | None = None) -> list[PlannedRun]:
-    """Every rung x framework x repeat; ``inject_failure`` ("rung:framework", a test hook) makes that run die."""
+@dataclass(frozen=True)
+class LadderOptions:
+    """What the ladder adds to the shared plan flags."""
+
+    device: Device  # CUDA or not (mixed precision's dtype) and the loader rung's worker count
+    order: tuple[str, ...] = DEFAULT_ORDER  # the techniques, in the order the cumulative rungs add them
+    ablations: bool = True  # also "top rung minus X" for each technique X
+    to_accuracy: float | None = None  # train whole epochs until the evaluation accuracy reaches this
+    epochs: int | None = None  # at most this many epochs (with to_accuracy), or exactly this many
+    inject_failure: str | None = None  # test hook, "rung:framework": that run dies
+    break_lr: str | None = None  # test hook, a rung name: its LR is broken (1e-6), a planted accuracy drop
+
+
+def ladder_plan(prepared: Prepared, repeats: int, preset: str, options: LadderOptions) -> list[PlannedRun]:
+    """Every rung (cumulative, then the ablations) x framework x repeat. Each (rung, framework) has a compile
+    cache of its own: repeat 0 starts it empty (a cold compile, measured), later repeats read it (said in the
+    row's ``cache`` field and in the report). With ``to_accuracy``/``epochs`` each repeat has its own seed (its
+    own initial weights and batch order, the same in both frameworks), so the spread over repeats is real."""
     plan = []
+    rungs = ladder_rungs(options.order, options.ablations)
+    top = rungs[len(options.order)]
     for repeat in range(repeats):
-        for index, rung in enumerate(RUNGS):
+        base = _repeat_base(prepared, repeat, options)
+        for rung in rungs:
             for framework in prepared.frameworks:
-                config = rung_config(rung, prepared.base, framework, cuda, workers)
-                if inject_failure == f"{rung.name}:{framework}":
+                config = rung_config(rung, base, options.device)
+                cache, cold, cache_text = _cache_of(rung, top, config, rung_config(top, base, options.device), repeat)
+                if options.inject_failure == f"{rung.name}:{framework}":
                     config = config.replace(fail_after_step=1)
+                if options.break_lr == rung.name:
+                    config = config.replace(lr=1e-6)
+                # one TensorBoard run per rung, repeat and framework (the writer adds the framework's folder)
+                config = config.replace(tensorboard_dir=str(prepared.out / "tensorboard" / f"{rung.name}-r{repeat}"))
                 plan.append(PlannedRun(
                     key=f"ladder/{rung.name}/{framework}/r{repeat}", framework=framework, config=config,
-                    label=f"{rung.name:>8} {framework:<5} repeat {repeat + 1}/{repeats}", command="ladder",
-                    fields={"rung": rung.name, "rung_index": index, "repeat": repeat, "preset": preset},
-                    skip_reason=skip_reason(config, framework)))
+                    label=f"{rung.title:>16} {framework:<5} repeat {repeat + 1}/{repeats}", command="ladder",
+                    fields={"rung": rung.name, "rung_index": rung.index, "ablation": rung.ablation,
+                            "techniques": list(rung.techniques), "repeat": repeat, "preset": preset,
+                            "cache": cache_text},
+                    skip_reason=skip_reason(config, framework),
+                    cache=str(prepared.out / "compile-cache" / f"{cache}-{framework}"), cold=cold))
     return plan
+
+
+def _cache_of(rung: Rung, top: Rung, config: RunConfig, top_config: RunConfig, repeat: int) -> tuple[str, bool, str]:
+    """(the compile cache's name, whether to empty it first, what the row says of it). Every cumulative rung has
+    its own, cold on repeat 0; an ablation that compiles the top rung's program (the same dtype; the loader and
+    the flags leave the graph alone) reads the top rung's cache, filled before it: its compile is measured there."""
+    shares = (rung.ablation is not None and config.compile == "compiled" and config.precision == top_config.precision
+              and config.remat == top_config.remat)
+    if shares:
+        return top.name, False, f"warm: the {top.name} rung's compile cache"
+    return rung.name, repeat == 0, "cold" if repeat == 0 else "warm: repeat 0's compile cache"
+
+
+def _repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunConfig:
+    """The base config of one repeat: the preset's, or, measuring accuracy, whole epochs with evaluations on the
+    whole eval split, and the repeat's own seed with its paired initial weights."""
+    if options.to_accuracy is None and options.epochs is None:
+        return prepared.base
+    base = prepared.base.replace(steps=None, epochs=options.epochs or DEFAULT_ACCURACY_EPOCHS, eval_batches=None,
+                                 target_accuracy=options.to_accuracy, seed=prepared.base.seed + repeat)
+    if repeat == 0:
+        return base
+    return paired_config(base.replace(init_weights=None), prepared.out.parent / SHARED_WEIGHTS)
 
 
 def sweep_plan(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...],
@@ -129,7 +182,11 @@ def run_job(job: PlannedRun, timeout_s: float | None) -> RunRecord:
     if job.skip_reason:
         result = RunResult(framework=job.framework, status="skipped", error=job.skip_reason)
     else:
-        result = run_framework(job.framework, job.config, timeout_s)
+        if job.cache and job.cold:
+            shutil.rmtree(job.cache, ignore_errors=True)
+        if job.config.tensorboard_dir:  # a retried run's scalars replace the failed attempt's
+            shutil.rmtree(Path(job.config.tensorboard_dir) / job.framework, ignore_errors=True)
+        result = run_framework(job.framework, job.config, timeout_s, cache_dir=job.cache)
     return RunRecord(key=job.key, command=job.command, result=result, config=job.config.to_dict(), host=host_info(),
                      wall_s=time.time() - started, fields=dict(job.fields))
 

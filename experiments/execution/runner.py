@@ -13,7 +13,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -24,6 +24,9 @@ from experiments.execution import reaper
 LAUNCHERS = ("torchrun", "jax.distributed")
 # Names a torch inductor cache folder that every isolated run shares (tests only: it makes compile times cache hits).
 SHARED_INDUCTOR_CACHE = "TWINRUN_SHARED_INDUCTOR_CACHE"
+# Names the folder of one run's compile caches (the ladder: one per rung and framework, empty for repeat 0):
+# torch inductor's (FX graph and AOT autograd caches) and JAX's persistent compilation cache, every compilation.
+COMPILE_CACHE = "TWINRUN_COMPILE_CACHE"
 WORKER = "experiments.execution.worker"
 
 
@@ -43,9 +46,8 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
         # "first step" into a cache hit (1.9 s instead of 20 s seen here), not a compilation. The test suite,
         # which reads no compile time, shares one instead (SHARED_INDUCTOR_CACHE, set in tests/conftest.py).
         base_env = env if env is not None else os.environ
-        cache = base_env.get(SHARED_INDUCTOR_CACHE) or str(folder / "inductor")
         # the marker: every process of the job, wherever it goes (torchrun's own sessions), can be found and killed
-        run_env = {**base_env, "TORCHINDUCTOR_CACHE_DIR": cache, reaper.MARKER: str(folder)}
+        run_env = {**base_env, **_compile_cache_env(base_env, folder), reaper.MARKER: str(folder)}
         # torchrun's own launcher; --standalone picks a free local rendezvous
         if processes > 1 and launcher == "torchrun":
             command[1:2] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}", "-m"]
@@ -61,6 +63,18 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
             return json.loads(out.read_text())
         reason = "killed (out of memory?)" if returncode in (-9, 137) else f"exit code {returncode}"
         return {"status": "failed", "error": f"{reason}: " + "\n".join(tail)}
+
+
+def _compile_cache_env(env: Mapping[str, str], folder: Path) -> dict[str, str]:
+    """The compile-cache variables of a job: the suite's shared caches, or the plan's per-run folder
+    (COMPILE_CACHE), or the job's own empty folder (a cold compile, and nothing JAX keeps)."""
+    planned = env.get(COMPILE_CACHE)
+    own = Path(planned) if planned else folder
+    values = {"TORCHINDUCTOR_CACHE_DIR": env.get(SHARED_INDUCTOR_CACHE) or str(own / "inductor")}
+    if planned and "JAX_COMPILATION_CACHE_DIR" not in env:
+        values.update(JAX_COMPILATION_CACHE_DIR=str(own / "jax"), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    return values
 
 
 @contextmanager

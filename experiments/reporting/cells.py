@@ -55,6 +55,15 @@ class Cell:
         return median(r.result.timing.first_step_s for r in self.runs)
 
     @property
+    def first_step_text(self) -> str:
+        """The first step's seconds: "cold / warm" where repeats after the first read repeat 0's compile cache."""
+        cold = [r.result.timing.first_step_s for r in self.runs if r.fields.get("cache") == "cold"]
+        warm = [r.result.timing.first_step_s for r in self.runs if str(r.fields.get("cache", "")).startswith("warm")]
+        if not cold and not warm:
+            return "-" if math.isnan(self.first_step_s) else f"{self.first_step_s:.2f}"
+        return " / ".join("-" if math.isnan(median(v)) else f"{median(v):.2f}" for v in (cold, warm))
+
+    @property
     def accuracy(self) -> float:
         """Median final accuracy; synthetic data has none worth showing."""
         return median(r.result.eval.accuracy for r in self.runs if r.result.eval and not r.result.synthetic_data)

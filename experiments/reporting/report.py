@@ -4,27 +4,45 @@ and the sweeps stored ("device/matmul-rate"); without it MFU is "not measured"."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common.capabilities import Capabilities
 from common.results import RunRecord
 from common.store import ResultsError, ResultStore, atomic_write_text
 from experiments.catalog import reference
 from experiments.catalog.rows import MATMUL_RATE_KEY
-from experiments.reporting.cells import Cells, ladder_cells, sweep_cells
+from experiments.execution.frameworks import FRAMEWORKS
+from experiments.reporting.accuracy import FLOOR, SPREADS, time_to_target, verdict
+from experiments.reporting.cells import NAN, Cell, Cells, ladder_cells, median, ordered_groups, sweep_cells
+from experiments.reporting.curves import plot_curves
 from experiments.reporting.plots import plot_data_wait, plot_latency, plot_memory_vs_time, plot_step_time
-from experiments.reporting.tables import inference_table, ladder_table, mapping_table, results_table, scaling_table
+from experiments.reporting.recommend import emulation_cost, fastest
+from experiments.reporting.tables import (
+    ablation_table,
+    fmt,
+    inference_table,
+    ladder_table,
+    mapping_table,
+    results_table,
+    scaling_table,
+)
 
 MODES = {"native": "torch eager, JAX jit (each framework's usual mode)", "eager": "both eager (JAX op by op)",
          "compiled": "torch.compile and jax.jit"}
 MEMORY_SWEEPS = ("checkpointing", "accumulation", "batch-size", "precision")
+CACHE_TEXT = ("Compile caches: each rung and framework has its own (torch inductor's, JAX's persistent compilation "
+              "cache), emptied before repeat 0, so repeat 0's first step is a cold compile; later repeats read repeat "
+              "0's cache, as a user's second run would: the 'first step s' column shows both, cold / warm.")
 
 
 @dataclass(frozen=True)
 class Report:
     path: Path  # report.md
     table: str  # its main table (markdown), for the console
+    summary: list[str] = field(default_factory=list)  # lines for the console after the table (recommendations)
 
 
 def matmul_rate(rows: list[dict[str, Any]]) -> float | None:
@@ -103,19 +121,111 @@ def _sweep_parts(folder: Path, records: list[RunRecord], rate: float | None) -> 
     return parts, table
 
 
-def _ladder_parts(folder: Path, records: list[RunRecord], rate: float | None) -> tuple[list[str], str]:
+def _ladder_parts(folder: Path, records: list[RunRecord], rate: float | None) -> tuple[list[str], str, list[str]]:
     cells = ladder_cells(records)
-    table = ladder_table(cells, rate)
-    parts = [f"# twinrun ladder report: {folder.name}",
-             _method(records, "matmul precision is fp32 'highest' on both until the flags rung."), table,
-             _mfu_text(rate),
+    rungs = {k: c for k, c in cells.items() if not _ablation(c)}
+    order = _order(records)
+    table = ladder_table(rungs, rate, cells)
+    recommended = fastest(cells)
+    summary = [c.line() for c in recommended]
+    parts = [f"# twinrun ladder report: {folder.name}", _device_line(records),
+             _method(records, "matmul precision is fp32 'highest' on both until the flags rung.") + " " + CACHE_TEXT,
+             "## Cumulative rungs (one technique added per rung)", table, _mfu_text(rate),
              f"Published (min): minutes of training per rung from {reference.SOURCE}; it also quotes "
              f"{reference.STEP_MS_TEXT} and {reference.GPU_UTILISATION_TEXT}. These are reference figures, not our "
-             f"measurements.",
-             "## What each rung means in each framework\n\n" + mapping_table(), _notes_text(cells)]
-    parts.append(_images([plot_step_time(cells, folder / "ladder_step_time.png", "step time per rung"),
-                          plot_data_wait(cells, folder / "ladder_data_wait.png")]))
-    return parts, table
+             f"measurements."]
+    accuracy_parts, accuracy_summary = _accuracy_parts(folder, records, cells)
+    if accuracy_summary is not None:
+        summary = accuracy_summary
+    parts += accuracy_parts
+    ablations = {k: c for k, c in cells.items() if _ablation(c) or k[0] in ("baseline", order[-1] if order else "")}
+    if any(_ablation(c) for c in cells.values()):
+        parts += ["## Ablations: the top rung minus one technique",
+                  "What each technique buys once the others are on: compare each row with the top rung "
+                  f"({order[-1] if order else '-'}). The top minus the last technique added is the rung below the "
+                  "top, measured above.", ablation_table(ablations, rate, cells)]
+    parts += ["## Recommendation: the fastest configuration measured",
+              "\n".join(f"- {line}" for line in summary) or "none: no baseline and no other run finished",
+              "## What each rung means in each framework\n\n" + mapping_table(order), _emulation_text(cells),
+              _notes_text(cells)]
+    parts.append(_images([plot_step_time(rungs, folder / "ladder_step_time.png", "step time per rung"),
+                          plot_data_wait(rungs, folder / "ladder_data_wait.png")]))
+    return parts, table, summary
+
+
+def _target(records: list[RunRecord]) -> float | None:
+    targets = {r.config.get("target_accuracy") for r in records}
+    return next((float(t) for t in targets if t is not None), None)
+
+
+def _accuracy_parts(folder: Path, records: list[RunRecord], cells: Cells) -> tuple[list[str], list[str] | None]:
+    """For a ladder trained in whole epochs: time to the target per rung (end to end and training alone), the
+    final accuracy over repeats with its verdict against the baseline's spread, the learning curves, and the
+    recommendation by time to accuracy among the rungs that kept it (None: not such a ladder)."""
+    if not any(r.config.get("steps") is None for r in records):
+        return [], None
+    target = _target(records)
+    lines = ["| rung | framework | repeats | reached target | time to target s (end to end, median) | "
+             "training s to target | final accuracy (mean +- std) | verdict vs baseline |", "|---" * 8 + "|"]
+    times: dict[tuple[str, str], float] = {}
+    lost: set[tuple[str, str]] = set()
+    for group in ordered_groups(cells):
+        for framework in FRAMEWORKS:
+            cell, base = cells.get((group, framework)), cells.get(("baseline", framework))
+            if cell is None:
+                continue
+            finals = [r.result.eval.accuracy if r.result.eval else NAN for r in cell.runs]
+            judged = verdict([r.result.eval.accuracy for r in base.runs if r.result.eval] if base else [], finals)
+            hits = [time_to_target(r.result, target) for r in cell.runs] if target is not None else []
+            reached = [h for h in hits if h is not None]
+            elapsed = median(h[0] for h in reached) if reached and len(reached) == len(cell.runs) else NAN
+            times[(group, framework)] = elapsed
+            if judged.lost:
+                lost.add((group, framework))
+            spread = "" if math.isnan(judged.std) else f" +- {judged.std:.3f}"
+            lines.append(f"| {group} | {framework} | {len(cell.runs)} | "
+                         f"{f'{len(reached)}/{len(cell.runs)}' if target is not None else '-'} | "
+                         f"{fmt(elapsed, '{:.1f}')} | {fmt(median(h[1] for h in reached), '{:.1f}')} | "
+                         f"{fmt(judged.mean, '{:.3f}')}{spread} | {judged.text} |")
+    title = (f"## Time to accuracy (target {target:.3f})" if target is not None else "## Accuracy after whole epochs")
+    method = ("Each run trains whole epochs and evaluates on the whole eval split at every epoch end, stopping at "
+              "the first evaluation that reaches the target. End to end: from the process's start (interpreter, "
+              "imports, data, compilation and evaluations included) to that evaluation; training: its steps alone. "
+              "Each repeat has its own seed (initial weights and batch order), the same in both frameworks. "
+              "Verdict: 'lost' when the rung's mean final accuracy is below the baseline's (same framework) by more "
+              f"than max({SPREADS:g} x the baseline's standard deviation over repeats, {FLOOR}).")
+    curves = plot_curves(records, folder / "ladder_curves.png")
+    parts = [title, method, "\n".join(lines), _images([curves])]
+    if target is None:
+        return parts, None
+    score = {k: v for k, v in times.items() if k not in lost}
+    choices = fastest(cells, score, measure="time to accuracy")
+    return parts, [c.line() for c in choices]
+
+
+def _ablation(cell: Cell) -> bool:
+    return any(r.fields.get("ablation") for r in cell.runs) or (cell.example is None and cell.order > 4)
+
+
+def _order(records: list[RunRecord]) -> tuple[str, ...]:
+    """The ladder's technique order: the techniques of its top cumulative rung."""
+    cumulative = [r.fields.get("techniques") or [] for r in records if not r.fields.get("ablation")]
+    return tuple(max(cumulative, key=len, default=[]))
+
+
+def _device_line(records: list[RunRecord]) -> str:
+    caps = next((Capabilities.from_dict(r.host.get("capabilities")) for r in records if r.host.get("capabilities")),
+                None)
+    return "Device capabilities (detected): " + (caps.summary() if caps else "not recorded (rows from before them)")
+
+
+def _emulation_text(cells: Cells) -> str:
+    lines = sorted({f"{group} ({framework}): {emulated.text()}" for (group, framework) in cells
+                    for emulated in [emulation_cost(cells, group, framework)] if emulated})
+    if not lines:
+        return "Emulated on this device: nothing (every dtype that ran is native here)."
+    return ("Emulated on this device (the article's technique still runs, and costs this here):\n\n"
+            + "\n".join(f"- {line}" for line in lines))
 
 
 def _images(paths: list[Path | None]) -> str:
@@ -132,6 +242,7 @@ def write_report(folder: Path) -> Report:
     rows = store.rows()
     if not rows:
         raise ResultsError(f"no results in {folder} (neither {store.path.name} nor {store.jsonl.name})")
+    summary: list[str] = []
     if any(r.get("command") == "infer" for r in rows):
         parts, table = _inference_parts(folder, rows)
     else:
@@ -140,7 +251,7 @@ def write_report(folder: Path) -> Report:
         if any(r.command == "sweep" for r in records):
             parts, table = _sweep_parts(folder, records, rate)
         else:
-            parts, table = _ladder_parts(folder, records, rate)
+            parts, table, summary = _ladder_parts(folder, records, rate)
     path = folder / "report.md"
     atomic_write_text(path, "\n\n".join(p for p in parts if p) + "\n")
-    return Report(path, table)
+    return Report(path, table, summary)

@@ -11,9 +11,10 @@ from common.flops import train_step_flops
 from common.results import RunRecord
 from common.workloads import arch, num_classes
 from experiments.catalog import reference
-from experiments.catalog.rungs import RUNGS
+from experiments.catalog.rungs import BASELINE_TEXT, TECHNIQUES
 from experiments.execution.frameworks import FRAMEWORKS
 from experiments.reporting.cells import NAN, Cells, ordered_groups
+from experiments.reporting.recommend import emulation_cost
 
 FALLBACK_CLASSES = 100  # rows written before results held their class count, on data no longer readable
 
@@ -47,6 +48,11 @@ def mfu_percent(record: RunRecord, step_s: float, matmul_rate: float | None) -> 
     return 100 * flops_per_step(record) / step_s / (matmul_rate * devices)
 
 
+def _cached(cells: Cells) -> bool:
+    """Whether the runs say which compile cache they read (the ladder's: cold for repeat 0, warm after)."""
+    return any("cache" in r.fields for c in cells.values() for r in c.runs)
+
+
 def _failed_line(group: str, framework: str, failed: int, skipped: int, errors: list[str], width: int) -> str:
     what = "skipped" if skipped == failed else f"failed ({failed} runs)"
     text = f"{what}: {'; '.join(sorted(set(errors)))[:150]}"
@@ -54,12 +60,15 @@ def _failed_line(group: str, framework: str, failed: int, skipped: int, errors: 
 
 
 def results_table(cells: Cells, matmul_rate: float | None, group_title: str,
-                  published: dict[str, str] | None = None) -> str:
+                  published: dict[str, str] | None = None, precision: Cells | None = None) -> str:
     """Group x framework: step time (spread over repeats), speedup over the first group, throughput, data
-    wait, compile, memory, accuracy, MFU; ``published`` adds the reference column (torch rows)."""
+    wait, compile, memory, accuracy, MFU; ``published`` adds the reference column (torch rows); ``precision``
+    (every cell of the plan) a column with the dtype that ran, flagged with its cost where this device emulates it."""
     groups = ordered_groups(cells)
-    columns = [group_title, "framework", "step ms (min..max over repeats)",
-               f"speedup vs {groups[0] if groups else '-'}", "images/s", "data wait %", "first step s", "recompiles",
+    columns = [group_title, "framework", *(["precision"] if precision is not None else []),
+               "step ms (min..max over repeats)",
+               f"speedup vs {groups[0] if groups else '-'}", "images/s", "data wait %",
+               "first step s (cold / warm)" if _cached(cells) else "first step s", "recompiles",
                "saved for backward MB", "peak MB", "accuracy", "MFU %"]
     if published is not None:
         columns.append("published (min)")
@@ -75,9 +84,10 @@ def results_table(cells: Cells, matmul_rate: float | None, group_title: str,
             first = cells.get((groups[0], framework))
             base = first.step_s if first is not None else NAN
             lo, hi = cell.step_spread
-            values = [group, framework, f"{cell.step_s * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f})",
+            dtype = [precision_cell(precision, group, framework)] if precision is not None else []
+            values = [group, framework, *dtype, f"{cell.step_s * 1e3:.1f} ({lo * 1e3:.1f}..{hi * 1e3:.1f})",
                       fmt(base / cell.step_s, "{:.2f}x"), fmt(cell.images_per_s, "{:.0f}"),
-                      fmt(100 * cell.data_wait, "{:.1f}"), fmt(cell.first_step_s, "{:.2f}"), str(cell.recompiles),
+                      fmt(100 * cell.data_wait, "{:.1f}"), cell.first_step_text, str(cell.recompiles),
                       fmt(cell.saved_bytes / 1e6, "{:.1f}"), fmt(cell.peak_bytes / 1e6, "{:.1f}"),
                       fmt(cell.accuracy, "{:.3f}"), fmt(mfu_percent(cell.example, cell.step_s, matmul_rate), "{:.1f}")]
             if published is not None:
@@ -103,13 +113,29 @@ def scaling_table(cells: Cells) -> str:
             + "\n".join(lines))
 
 
-def ladder_table(cells: Cells, matmul_rate: float | None) -> str:
-    return results_table(cells, matmul_rate, "rung", published={k: f"{v:g}" for k, v in reference.MINUTES.items()})
+def precision_cell(cells: Cells, group: str, framework: str) -> str:
+    """The dtype that ran, with "emulated here: +X% vs fp32" where this device emulates it."""
+    cell = cells[(group, framework)]
+    dtype = str(cell.example.config.get("precision")) if cell.example else "-"
+    emulated = emulation_cost(cells, group, framework)
+    return f"{dtype} ({emulated.short()})" if emulated else dtype
 
 
-def mapping_table() -> str:
-    lines = ["| rung | adds | torch | JAX |", "|---|---|---|---|"]
-    lines += [f"| {r.name} | {r.adds} | {r.torch} | {r.jax} |" for r in RUNGS]
+def ladder_table(cells: Cells, matmul_rate: float | None, every: Cells) -> str:
+    """The cumulative rungs, with the published minutes of the case study beside torch's; ``every``: the plan's
+    cells, ablations included (an emulated dtype's cost is measured against its fp32 twin)."""
+    return results_table(cells, matmul_rate, "rung", published={k: f"{v:g}" for k, v in reference.MINUTES.items()},
+                         precision=every)
+
+
+def ablation_table(cells: Cells, matmul_rate: float | None, every: Cells) -> str:
+    """The baseline, the top rung and "top minus X" for each technique X: what each buys with the others on."""
+    return results_table(cells, matmul_rate, "configuration", precision=every)
+
+
+def mapping_table(order: tuple[str, ...]) -> str:
+    lines = ["| rung | adds | torch | JAX |", "|---|---|---|---|", "| baseline | " + " | ".join(BASELINE_TEXT) + " |"]
+    lines += [f"| {name} | {t.adds} | {t.torch} | {t.jax} |" for name in order for t in [TECHNIQUES[name]]]
     return "\n".join(lines)
 
 
