@@ -36,7 +36,7 @@ else
     DIAGNOSE=(--model resnet18 --width 0.125 --batch-size 16 --compile eager --steps 4 --timing-warmup 1)
     # CI's CPU: the ablations are left out of the tiny ladder (tests/test_ladder_answers.py checks them on planted
     # rows); the accuracy ladder keeps 2 seeds so that the verdict has a spread
-    ACCURACY=(--rungs amp --no-ablations --to-accuracy "${TARGET:-0.02}" --epochs 1 --repeats 2)
+    ACCURACY=(--rungs amp --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2)
     ABLATIONS=--no-ablations
 fi
 # a test hook: extra flags for the accuracy ladder (the suite breaks one rung's LR, a planted accuracy drop)

@@ -14,6 +14,8 @@ from experiments.catalog.presets import PRESETS
 from experiments.execution.frameworks import CHOICES, FRAMEWORKS
 from experiments.execution.plan import PlanOptions
 
+PLAN_SOURCES = ("cifar100", "cifar10", "mnist5k")  # the labelled sources a ladder or sweep reads
+
 
 def console_for_output() -> Console:
     """A console as wide as the terminal, or 180 columns when the output is a file or a pipe."""
@@ -97,8 +99,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
                       help="base configuration (cpu: small enough for 2 CPU cores; tiny: a smoke test; article: "
                            "ResNet-50 at width 1)")
     add_framework_argument(plan)
+    plan.add_argument("--source", choices=PLAN_SOURCES, default="cifar100", help="data set")
     plan.add_argument("--data", default=None,
-                      help="CIFAR archive/folder; default: a generated CIFAR-100-format archive")
+                      help="CIFAR archive/folder (or mnist_5k.csv.gz); default: a generated archive of the source's "
+                           "format")
     plan.add_argument("--steps", type=positive_int, default=None,
                       help="optimizer steps of each run (default: the preset's)")
     plan.add_argument("--repeats", type=positive_int, default=3, help="runs of each configuration (the median is "
@@ -118,6 +122,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
 
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:
-    return PlanOptions(preset=args.preset, framework=args.framework, data=args.data, steps=args.steps,
+    return PlanOptions(preset=args.preset, framework=args.framework, source=args.source, data=args.data,
+                       steps=args.steps,
                        repeats=args.repeats, name=args.name, results=args.results, fresh=args.fresh,
                        devices=args.devices, processes=args.processes)

@@ -66,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
     order = parse_order(args.rungs)
     options = plan_options(args)
     accuracy = args.to_accuracy is not None or args.epochs is not None
-    if accuracy and options.data is None:  # the plain generated archive is learnt in 3 epochs: no curve to see
-        archive = defaults.default_archive("cifar100", difficulty=defaults.LADDER_DIFFICULTY)
+    # the plain generated archive is learnt in 3 epochs: no curve to see
+    if accuracy and options.data is None and options.source == "cifar100":
+        archive = defaults.default_archive(options.source, difficulty=defaults.LADDER_DIFFICULTY)
         options = replace(options, data=str(archive))
     prepared = with_paired_weights(prepare(options, _default_name(args, order)))
     workers = args.workers if args.workers is not None else default_loader_workers()

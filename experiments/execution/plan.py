@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from common.config import RunConfig
+from common.data.cifar import LAYOUTS
 from common.errors import ConfigError
 from common.results import RunRecord, RunResult
 from common.store import ResultStore, run_settings
@@ -50,6 +51,7 @@ class PlanOptions:
 
     preset: str = "cpu"
     framework: str = "both"
+    source: str = "cifar100"
     data: str | None = None
     steps: int | None = None
     repeats: int = 3
@@ -77,7 +79,10 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     if options.steps is not None:
         preset["steps"] = options.steps
     preset.update(devices=options.devices or options.processes, processes=options.processes)
-    base = RunConfig(data=options.data or str(default_archive("cifar100")), **preset)
+    data = options.data
+    if data is None and options.source in LAYOUTS:  # CIFAR: a generated archive; mnist5k: the installed file
+        data = str(default_archive(options.source))
+    base = RunConfig(source=options.source, data=data, **preset)
     out = Path(options.results) / (options.name or default_name)
     store = ResultStore(out)
     store.check_writable()
