@@ -16,7 +16,7 @@ from experiments.catalog import reference
 from experiments.catalog.rows import MATMUL_RATE_KEY
 from experiments.execution.frameworks import FRAMEWORKS
 from experiments.reporting.accuracy import FLOOR, SPREADS, time_to_target, verdict
-from experiments.reporting.cells import NAN, Cell, Cells, ladder_cells, median, ordered_groups, sweep_cells
+from experiments.reporting.cells import NAN, Cells, ladder_cells, median, ordered_groups, sweep_cells
 from experiments.reporting.curves import plot_curves
 from experiments.reporting.plots import plot_data_wait, plot_latency, plot_memory_vs_time, plot_step_time
 from experiments.reporting.recommend import emulation_cost, fastest
@@ -123,7 +123,9 @@ def _sweep_parts(folder: Path, records: list[RunRecord], rate: float | None) -> 
 
 def _ladder_parts(folder: Path, records: list[RunRecord], rate: float | None) -> tuple[list[str], str, list[str]]:
     cells = ladder_cells(records)
-    rungs = {k: c for k, c in cells.items() if not _ablation(c)}
+    # the ablations' groups, named by every row, a failed or skipped one too (a cell keeps only finished runs)
+    ablated = {str(r.fields.get("rung")) for r in records if r.command == "ladder" and r.fields.get("ablation")}
+    rungs = {k: c for k, c in cells.items() if k[0] not in ablated}
     order = _order(records)
     table = ladder_table(rungs, rate, cells)
     recommended = fastest(cells)
@@ -138,8 +140,8 @@ def _ladder_parts(folder: Path, records: list[RunRecord], rate: float | None) ->
     if accuracy_summary is not None:
         summary = accuracy_summary
     parts += accuracy_parts
-    ablations = {k: c for k, c in cells.items() if _ablation(c) or k[0] in ("baseline", order[-1] if order else "")}
-    if any(_ablation(c) for c in cells.values()):
+    ablations = {k: c for k, c in cells.items() if k[0] in ablated or k[0] in ("baseline", order[-1] if order else "")}
+    if ablated:
         parts += ["## Ablations: the top rung minus one technique",
                   "What each technique buys once the others are on: compare each row with the top rung "
                   f"({order[-1] if order else '-'}). The top minus the last technique added is the rung below the "
@@ -201,10 +203,6 @@ def _accuracy_parts(folder: Path, records: list[RunRecord], cells: Cells) -> tup
     score = {k: v for k, v in times.items() if k not in lost}
     choices = fastest(cells, score, measure="time to accuracy")
     return parts, [c.line() for c in choices]
-
-
-def _ablation(cell: Cell) -> bool:
-    return any(r.fields.get("ablation") for r in cell.runs) or (cell.example is None and cell.order > 4)
 
 
 def _order(records: list[RunRecord]) -> tuple[str, ...]:
