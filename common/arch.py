@@ -59,6 +59,8 @@ class ResNetArch:
     norm: str = "batch"
     blocks: tuple[BlockSpec, ...] = field(init=False, repr=False)
 
+    family = "resnet"  # the key each framework builds its model by (common/workloads.py)
+
     def __post_init__(self) -> None:
         if self.stem not in STEMS:
             raise ConfigError(f"unknown stem '{self.stem}'; known: {', '.join(STEMS)}")

@@ -32,9 +32,13 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
     "model": {
         "model": ("architecture", None),
         "stem": ("cifar: 3x3 conv; imagenet: 7x7 conv + max-pool", cfg.STEMS),
-        "width": ("channel multiplier of the ResNet", None),
+        "width": ("channel multiplier of the ResNet (a ViT's width is its name's: vit-micro 64, vit-tiny 192, "
+                  "vit-s 384)", None),
         "norm": ("normalisation layer", cfg.NORMS),
         "zero_init_residual": ("zero the last norm scale of every residual block", None),
+        "pool": ("transformer: classify from the class token or the mean of the tokens", cfg.POOLS),
+        "attention": ("transformer attention kernel: naive (softmax(QK^T/sqrt(d))V written out) or fused "
+                      "(F.scaled_dot_product_attention / jax.nn.dot_product_attention)", cfg.ATTENTION_KERNELS),
     },
     "optimizer": {
         "optimizer": ("torch.optim formulas, mirrored in optax", cfg.OPTIMIZERS),
@@ -92,8 +96,11 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
         "pipeline_micro_batches": ("GPipe micro-batches per step", None),
     },
     "checkpointing": {
-        "remat": ("activation checkpointing: none, all, or stages like 2,3", None),
-        "remat_policy": ("JAX checkpoint policy name (jax.checkpoint_policies)", None),
+        "remat": ("activation checkpointing: none, all, or ResNet stages like 2,3; a transformer also takes "
+                  "attention (every block's attention) or block numbers like 1,2", None),
+        "remat_policy": ("JAX checkpoint policy name (jax.checkpoint_policies), e.g. "
+                         "dots_with_no_batch_dims_saveable: keep the projections, recompute the attention scores",
+                         None),
         "checkpoint_dir": ("folder of training-state checkpoints", None),
         "checkpoint_every": ("optimizer steps between checkpoints; 0: none", None),
         "resume": ("continue from the latest checkpoint in checkpoint_dir", None),

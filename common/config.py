@@ -12,9 +12,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from common.arch import NORMS, STEMS
+from common.arch_vit import ATTENTION_KERNELS, POOLS
 from common.data.sources import KNOWN_SOURCES
 from common.errors import ConfigError
-from common.workloads import known_models
+from common.workloads import known_models, workload_for
 
 # fp64 is a verification mode, not a speed technique: it proves both trainers take the same steps,
 # free of fp32's rounding noise floor (which makes even one framework diverge from itself).
@@ -40,6 +41,10 @@ class RunConfig:
     width: float = 0.25
     norm: str = "batch"
     zero_init_residual: bool = False
+    pool: str = "cls"  # transformers: classify from the class token, or the mean of the tokens
+    # transformers: naive = softmax(QK^T/sqrt(d))V written out; fused = F.scaled_dot_product_attention /
+    # jax.nn.dot_product_attention (the kernel that ran is in the run's notes)
+    attention: str = "fused"
     # data
     source: str = "cifar100"
     data: str | None = None
@@ -127,6 +132,8 @@ class RunConfig:
         _one_of("model", self.model, known_models())
         _one_of("stem", self.stem, STEMS)
         _one_of("norm", self.norm, NORMS)
+        _one_of("pool", self.pool, POOLS)
+        _one_of("attention", self.attention, ATTENTION_KERNELS)
         _one_of("source", self.source, KNOWN_SOURCES)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("compile", self.compile, COMPILE_MODES)
@@ -196,17 +203,20 @@ class RunConfig:
             raise ConfigError("resume needs checkpoint_dir")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError("checkpoint_every needs checkpoint_dir")
-        _ = self.remat_stages  # validates the remat text
+        _ = self.remat_plan  # validates the remat text
 
     def _check_pipeline(self) -> None:
         """What the 2-stage pipeline does not combine with, each named (it is built on its own, GPipe only)."""
+        if not workload_for(self.model).pipeline:
+            raise ConfigError(f"pipeline_stages=2 cuts a ResNet between its stages; model '{self.model}' has no such "
+                              f"cut here (use data parallelism)")
         m = self.pipeline_micro_batches
         if m <= 0 or self.batch_size % m:
             raise ConfigError(f"pipeline_micro_batches ({m}) must be positive and divide batch_size "
                               f"({self.batch_size})")
         clashes = {"devices > 1 (pipeline and data parallel together are not built)": self.devices > 1,
                    "grad_accum_steps > 1 (the micro-batches are the pipeline's own)": self.grad_accum_steps > 1,
-                   "remat (grad_checkpointing)": bool(self.remat_stages),
+                   "remat (grad_checkpointing)": bool(self.remat_plan),
                    "precision fp16 (no loss scaler across stages)": self.precision == "fp16",
                    "checkpoint_every / resume (each process holds only its stage's optimizer state)":
                        bool(self.checkpoint_every or self.resume),
@@ -214,6 +224,12 @@ class RunConfig:
         named = [name for name, clash in clashes.items() if clash]
         if named:
             raise ConfigError(f"pipeline_stages=2 does not combine with {', '.join(named)}")
+
+    @property
+    def remat_plan(self) -> Any:
+        """What the model recomputes in the backward pass, in its family's terms (common/workloads.py): ResNet
+        stages, or a transformer's RematPlan (blocks whole, attention only)."""
+        return workload_for(self.model).remat(self)
 
     @property
     def remat_stages(self) -> tuple[int, ...]:

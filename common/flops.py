@@ -1,14 +1,21 @@
-"""Analytic forward FLOPs of a ResNet description: the floor that measured step times are held against.
+"""Analytic forward FLOPs of a model description (a ResNet or a Vision Transformer): the floor that measured step
+times are held against.
 
-Counts convolutions and the classifier as 2 FLOPs per multiply-accumulate (the convention of torch's
-FlopCounterMode and XLA's cost analysis); normalisation, activations and pooling are a few per cent of
-a ResNet's work and are not counted. A training step costs about 3x the forward pass (forward, and a
-backward pass with two products of the same size per layer).
+Counts 2 FLOPs per multiply-accumulate (the convention of torch's FlopCounterMode and XLA's cost analysis) in the
+products only. ResNet: convolutions and the classifier; normalisation, activations and pooling are a few per cent of
+its work and are not counted. Vision Transformer: the patch embedding, per block the qkv projection, the attention
+scores q k^T and the attention-weighted sum of v (both grow with the square of the token count), the output
+projection and the two MLP layers, and the head; LayerNorm, softmax, GELU and the residual adds are not counted.
+A training step costs about 3x the forward pass (forward, and a backward pass with two products of the same size per
+layer).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from common.arch import ResNetArch, conv_output_size
+from common.arch_vit import TransformerArch
 
 TRAIN_STEP_FACTOR = 3.0
 
@@ -28,8 +35,19 @@ def conv_flops(in_channels: int, out_channels: int, size: int, kernel: int, stri
     return 2 * in_channels * out_channels * taps_per_axis(size, kernel, stride, padding, count_padding) ** 2
 
 
-def forward_flops(arch: ResNetArch, image_size: int = 32, batch_size: int = 1, count_padding: bool = True) -> int:
-    """Forward FLOPs for ``batch_size`` images of image_size x image_size."""
+def forward_flops(arch: ResNetArch | TransformerArch, image_size: int = 32, batch_size: int = 1,
+                  count_padding: bool = True) -> int:
+    """Forward FLOPs for ``batch_size`` images of image_size x image_size, of either family (``count_padding``
+    concerns the ResNet's padded convolutions only: the ViT's patch embedding has no padding)."""
+    if arch.family == "vit":
+        return transformer_flops(replace(arch, image_size=image_size)) * batch_size
+    if arch.family == "resnet":
+        return resnet_flops(arch, image_size, count_padding) * batch_size
+    raise ValueError(f"no FLOP count for the model family '{arch.family}'")
+
+
+def resnet_flops(arch: ResNetArch, image_size: int, count_padding: bool = True) -> int:
+    """Forward FLOPs of one image."""
     pad = count_padding
     total = 0
     if arch.stem == "cifar":
@@ -50,9 +68,24 @@ def forward_flops(arch: ResNetArch, image_size: int = 32, batch_size: int = 1, c
         if block.has_downsample:
             total += conv_flops(block.in_channels, block.out_channels, size, 1, block.stride, pad)
         size = out_size
-    total += 2 * arch.feature_channels * arch.num_classes
-    return total * batch_size
+    return total + 2 * arch.feature_channels * arch.num_classes
 
 
-def train_step_flops(arch: ResNetArch, image_size: int = 32, batch_size: int = 1) -> float:
+def attention_flops(arch: TransformerArch) -> int:
+    """The products of attention itself in one image, over all blocks: scores q k^T and weights x v, each
+    tokens x tokens x width multiply-accumulates (heads x head_dim = width)."""
+    return arch.depth * 2 * (2 * arch.tokens * arch.tokens * arch.width)
+
+
+def transformer_flops(arch: TransformerArch) -> int:
+    """Forward FLOPs of one image at ``arch.image_size``: the products of every Linear (and the patch embedding, a
+    p x p convolution of stride p: one product per patch), and attention's."""
+    width, tokens = arch.width, arch.tokens
+    patch_embed = 2 * arch.patches * (3 * arch.patch * arch.patch) * width
+    linear_per_token = 3 * width * width + width * width + 2 * width * arch.hidden  # qkv, proj, fc1, fc2
+    blocks = arch.depth * 2 * tokens * linear_per_token
+    return patch_embed + blocks + attention_flops(arch) + 2 * width * arch.num_classes
+
+
+def train_step_flops(arch: ResNetArch | TransformerArch, image_size: int = 32, batch_size: int = 1) -> float:
     return TRAIN_STEP_FACTOR * forward_flops(arch, image_size, batch_size)

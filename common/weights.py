@@ -4,12 +4,15 @@ so either trainer can load the other's initial weights.
 Mapping (from the shared description's names): torch ``layer2.0.downsample.0.weight`` (OIHW) <->
 Flax ``params/layer2_0/downsample_conv/kernel`` (HWIO); BatchNorm ``weight/bias`` <-> ``scale/bias`` and
 ``running_mean/running_var`` <-> ``batch_stats/.../mean|var``; Linear ``weight`` (out, in) <-> Dense
-``kernel`` (in, out). ``num_batches_tracked`` has no Flax counterpart (torch uses it only when
+``kernel`` (in, out). The transformer's names are timm's: Flax ``blocks_3/attn/qkv/kernel`` <-> torch
+``blocks.3.attn.qkv.weight``; LayerNorm ``scale`` <-> ``weight``; ``cls_token`` and ``pos_embed`` keep their names
+and shapes. ``num_batches_tracked`` has no Flax counterpart (torch uses it only when
 momentum is None) and is left as it is.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,20 +22,21 @@ import numpy as np
 FLAX_TO_TORCH_MODULE = {"downsample_conv": "downsample.0", "downsample_bn": "downsample.1"}
 PARAM_NAMES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
 STAT_NAMES = {"mean": "running_mean", "var": "running_var"}
+NUMBERED = re.compile(r"^(layer\d+|blocks)_(\d+)$")  # Flax's "layer2_0" / "blocks_3" -> torch's "layer2.0" / "blocks.3"
 
 
 def torch_key(path: tuple[str, ...], leaf: str, collection: str) -> str:
     """Flax (module path, leaf name, collection) -> torch state_dict key."""
     parts = []
     for module in path:
-        if module.startswith("layer") and "_" in module:
-            parts.append(module.replace("_", "."))
+        if match := NUMBERED.match(module):
+            parts.append(f"{match[1]}.{match[2]}")
         elif module == "gn":  # Flax GroupNorm wrapper's inner module: torch has one module there
             continue
         else:
             parts.append(FLAX_TO_TORCH_MODULE.get(module, module))
     names = STAT_NAMES if collection == "batch_stats" else PARAM_NAMES
-    return ".".join(parts + [names[leaf]])
+    return ".".join(parts + [names.get(leaf, leaf)])  # cls_token, pos_embed: the same name on both sides
 
 
 def _to_flax(leaf: str, value: np.ndarray) -> np.ndarray:

@@ -7,11 +7,12 @@ source: never the loop (common/loop.py) or the driver (experiments/). Both backe
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common.arch import FAMILY, resnet
+from common.arch_vit import VIT_FAMILY, parse_remat, vit
 from common.errors import ConfigError
 
 if TYPE_CHECKING:  # config imports this module for its model names
@@ -28,6 +29,17 @@ class Workload:
     models: tuple[str, ...]  # the --model names of this family
     loss: str  # what both sides minimise (each framework's formula of it lives in its train.py)
     describe: Callable[[RunConfig, int], Any]  # (config, num_classes) -> the architecture both sides build from
+    # config -> what the model recomputes in the backward pass, in the family's terms (ResNet stages; a RematPlan)
+    remat: Callable[[RunConfig], Any]
+    # the sweep's choices of remat, from none to the most recomputation
+    remat_choices: Callable[[RunConfig], tuple[str, ...]]
+    pipeline: bool  # whether pipeline_stages=2 can split it (the ResNet's cut between stages)
+    attention: bool  # whether --attention chooses anything in it
+    # config -> the model in a few words, for console titles (a ResNet's width multiplier; a ViT's shape and kernel)
+    summary: Callable[[RunConfig], str] = lambda config: config.model
+    # inference variants (common.config.INFERENCE_VARIANTS) that mean nothing for the family -> why, for the
+    # skipped row: the driver asks this, never the model's name
+    no_inference: Mapping[str, str] = field(default_factory=dict)
 
 
 def _resnet(config: RunConfig, num_classes: int) -> Any:
@@ -35,8 +47,39 @@ def _resnet(config: RunConfig, num_classes: int) -> Any:
                   zero_init_residual=config.zero_init_residual, norm=config.norm)
 
 
+def _vit(config: RunConfig, num_classes: int) -> Any:
+    return vit(config.model, num_classes=num_classes, image_size=config.image_size, pool=config.pool)
+
+
+def _vit_remat_choices(config: RunConfig) -> tuple[str, ...]:
+    """none, every block's attention (the article's advice), the first half of the blocks whole, every block whole."""
+    depth = VIT_FAMILY[config.model][1]
+    return "none", "attention", ",".join(str(n) for n in range(1, depth // 2 + 1)), "all"
+
+
+def _resnet_summary(config: RunConfig) -> str:
+    return f"{config.model} width={config.width}"
+
+
+def _vit_summary(config: RunConfig) -> str:
+    """The shape the name stands for (--width does not change it), the pooling and the attention kernel."""
+    width, depth, heads = VIT_FAMILY[config.model]
+    return (f"{config.model} (width {width}, depth {depth}, heads {heads}, pool {config.pool}, "
+            f"attention {config.attention})")
+
+
+# A ViT normalises with LayerNorm, which reads each token's own statistics at inference too: nothing to fold.
+VIT_NO_INFERENCE = {"folded": "BatchNorm folding: a ViT has no BatchNorm (its LayerNorms normalise each token by its "
+                              "own statistics, at inference as in training), so there is nothing to fold"}
+LOSS = "softmax cross-entropy (label smoothing optional)"
 WORKLOADS: dict[str, Workload] = {
-    "resnet": Workload("resnet", tuple(FAMILY), "softmax cross-entropy (label smoothing optional)", _resnet),
+    "resnet": Workload("resnet", tuple(FAMILY), LOSS, _resnet, remat=lambda config: config.remat_stages,
+                       remat_choices=lambda config: ("none", "3,4", "all"), pipeline=True, attention=False,
+                       summary=_resnet_summary),
+    "vit": Workload("vit", tuple(VIT_FAMILY), LOSS, _vit,
+                    remat=lambda config: parse_remat(config.remat, VIT_FAMILY[config.model][1]),
+                    remat_choices=_vit_remat_choices, pipeline=False, attention=True, summary=_vit_summary,
+                    no_inference=VIT_NO_INFERENCE),
 }
 
 

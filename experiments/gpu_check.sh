@@ -1,22 +1,29 @@
 #!/usr/bin/env bash
-# One prepared script for a lent GPU (planned for < 8 minutes on one H200-class GPU): the article-preset
-# ladder, short (10 warm-up + 30 timed steps a rung, both frameworks, one repeat) with its ablations (top rung
-# minus each technique) and recommendation; a short time-to-accuracy ladder (the cpu preset's small ResNet:
+# One prepared script for a lent GPU (planned for ~11 minutes on one H200-class GPU, 13.5 at worst): the
+# article-preset ladder, short (10 warm-up + 30 timed steps a rung, both frameworks, one repeat) with its ablations
+# (top rung minus each technique) and recommendation; a short time-to-accuracy ladder (the cpu preset's small ResNet:
 # baseline and + compile, whole epochs to a modest target, 2 seeds, accuracy verdict and learning curves); the
-# checkpointing sweep; a diagnosis; and the reports, all under one output folder. (The precision sweep left: the
-# ladder's amp rung and its "top minus amp" ablation measure the dtypes in both frameworks.)
+# checkpointing sweep; a diagnosis; the ViT twin's checkpointing and attention-kernel sweeps; and the reports, all
+# under one output folder. (The precision sweep left: the ladder's amp rung and its "top minus amp" ablation measure
+# the dtypes in both frameworks.)
 #
-# How the 8 minutes were estimated (H200 host, 16 cores; no GPU was lent to measure it): a process start with CUDA
+# How the minutes were estimated (H200 host, 16 cores; no GPU was lent to measure it): a process start with CUDA
 # and a framework ~8 s; torch.compile of a ResNet-50 train step ~35 s cold, ~10 s from a warm cache; jax.jit ~15 s;
 # JAX eager's first step (each primitive compiled) ~10 s; a step 20-60 ms. Ladder: 16 runs x 8 s + torch compiled
 # 2 cold x 35 s + 2 warm x 10 s + JAX 4 x 15 s + JAX eager 4 x 10 s + 16 x 40 steps x 0.05 s = ~5.5 min. Accuracy
 # ladder (ResNet-18 width 0.125): 8 runs x 8 s + ~40 s of compiles + 8 x 2 epochs x 78 steps x 10 ms = ~2 min.
 # Checkpointing sweep (4 runs) ~1 min, diagnosis ~1 min: ~9.5 min at worst, ~7 with the faster starts.
-# TIME_TO_ACCURACY=0 leaves the accuracy ladder out; every run has a timeout, so a hang costs that and no more.
+# ViT sweeps (vit-s, batch 128, AdamW, 40 steps; torch eager, JAX jit): checkpointing none / attention / all and
+# attention naive / fused, 10 runs: 10 x 8 s starts + JAX 5 x ~20 s jit of 12 blocks (remat and the naive kernel
+# each compile their own program) + 10 x 40 steps x ~40 ms (~1.1 TFLOP a step in fp32) + the shared initial weights
+# and 2 matmul rates ~30 s = ~4 min at worst, ~3 with the faster starts.
+# TIME_TO_ACCURACY=0 leaves the accuracy ladder out, VIT=0 the ViT sweeps; every run has a timeout, so a hang
+# costs that and no more.
 #
 #   experiments/gpu_check.sh [OUT]               # on the GPU: article preset
 #   PRESET=tiny experiments/gpu_check.sh OUT     # on a CPU (slow, tiny): what CI runs so the script does not rot
 #   DATA=path/to/cifar-100-python.tar.gz ...      # the real data set (default: a generated one, same format)
+#   VIT_MODEL=vit-tiny ...                        # a smaller ViT for the ViT sweeps (default vit-s; tiny: vit-micro)
 #
 # Every run is its own process with a timeout, so one failure is recorded in its table and the rest go on.
 set -euo pipefail
@@ -30,6 +37,10 @@ if [[ "$PRESET" == "article" ]]; then
     DIAGNOSE=(--model resnet50 --width 1 --batch-size 128 --compile compiled --steps 20 --timing-warmup 5)
     ACCURACY=(--preset cpu --rungs compile --no-ablations --to-accuracy "${TARGET:-0.3}" --epochs 2 --repeats 2)
     ABLATIONS=--ablations
+    # the ViT twin on the same preset (batch 128, 40 steps); the checkpointing sweep's values leave out its
+    # "first half of the blocks" (the default adds it) to keep the script's minutes
+    VIT_MODEL=${VIT_MODEL:-vit-s}; VIT_STEPS=${VIT_STEPS:-$STEPS}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-both}
+    VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-"none attention all"}; VIT_ATTENTION=${VIT_ATTENTION:-"naive fused"}
 else
     STEPS=${STEPS:-3}; TIMEOUT=${TIMEOUT:-600}
     CHECKPOINTING=${CHECKPOINTING:-"none all"}
@@ -38,6 +49,10 @@ else
     # rows); the accuracy ladder keeps 2 seeds so that the verdict has a spread
     ACCURACY=(--rungs amp --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2)
     ABLATIONS=--no-ablations
+    # CI's CPU: one run per ViT sweep (torch, 2 steps of vit-micro), so that the ViT step costs the test ~15 s;
+    # tests/test_vit_driver.py runs the ViT ladder and sweeps in both frameworks
+    VIT_MODEL=${VIT_MODEL:-vit-micro}; VIT_STEPS=${VIT_STEPS:-2}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-torch}
+    VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-attention}; VIT_ATTENTION=${VIT_ATTENTION:-naive}
 fi
 # a test hook: extra flags for the accuracy ladder (the suite breaks one rung's LR, a planted accuracy drop)
 read -r -a ACCURACY_EXTRA <<< "${ACCURACY_EXTRA:-}"
@@ -70,5 +85,17 @@ stamp "sweep checkpointing: $CHECKPOINTING"
 twinrun sweep checkpointing "${common[@]}" --name sweep-checkpointing --values $CHECKPOINTING
 stamp "diagnose torch (${DIAGNOSE[*]})"
 twinrun diagnose --framework torch --out "$OUT/diagnose" "${DIAGNOSE[@]}" "${data[@]}"
-stamp "done; reports: $OUT/ladder/report.md $OUT/ladder-accuracy/report.md $OUT/sweep-checkpointing/report.md"
+if [[ "${VIT:-1}" != 0 ]]; then
+    # The ViT twin through the same commands (the preset adapts to its family: AdamW, lr 1e-3). Its own --results
+    # folder: its initial weights and matmul rate apart from the ResNet's.
+    vit=(--preset "$PRESET" --model "$VIT_MODEL" --steps "$VIT_STEPS" --framework "$VIT_FRAMEWORK" --repeats 1
+         --results "$OUT/vit" --timeout "$TIMEOUT" "${data[@]}")
+    stamp "ViT ($VIT_MODEL) sweep checkpointing: $VIT_CHECKPOINTING; sweep attention: $VIT_ATTENTION"
+    # shellcheck disable=SC2086  # the value lists are meant to split into words
+    twinrun sweep checkpointing "${vit[@]}" --name sweep-checkpointing --values $VIT_CHECKPOINTING
+    # shellcheck disable=SC2086
+    twinrun sweep attention "${vit[@]}" --name sweep-attention --values $VIT_ATTENTION
+fi
+stamp "done; reports: $OUT/ladder/report.md $OUT/ladder-accuracy/report.md $OUT/sweep-checkpointing/report.md" \
+      "$OUT/vit/sweep-checkpointing/report.md $OUT/vit/sweep-attention/report.md"
 exit "$incomplete"

@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
+from common.workloads import known_models
 from experiments.catalog.presets import PRESETS
 from experiments.execution.frameworks import CHOICES, FRAMEWORKS
 from experiments.execution.plan import PlanOptions
@@ -98,6 +99,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
     plan.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
                       help="base configuration (cpu: small enough for 2 CPU cores; tiny: a smoke test; article: "
                            "ResNet-50 at width 1)")
+    plan.add_argument("--model", choices=known_models(), default=None,
+                      help="the model (default: the preset's); a model of another family trains with its family's "
+                           "recipe (a ViT: AdamW, lr 1e-3, weight decay 0.05; experiments/catalog/presets.py) and its "
+                           "results go to a folder named after it")
     add_framework_argument(plan)
     plan.add_argument("--source", choices=PLAN_SOURCES, default="cifar100", help="data set")
     plan.add_argument("--data", default=None,
@@ -122,7 +127,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
 
 
 def plan_options(args: argparse.Namespace) -> PlanOptions:
-    return PlanOptions(preset=args.preset, framework=args.framework, source=args.source, data=args.data,
-                       steps=args.steps,
+    return PlanOptions(preset=args.preset, model=args.model, framework=args.framework, source=args.source,
+                       data=args.data, steps=args.steps,
                        repeats=args.repeats, name=args.name, results=args.results, fresh=args.fresh,
                        devices=args.devices, processes=args.processes)

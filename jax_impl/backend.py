@@ -26,6 +26,7 @@ from jax_impl.techniques import LossScale, apply_flags
 from jax_impl.train import (
     TrainState,
     evaluate,
+    kernel_notes,
     loss_fn,
     make_model,
     make_optimizer,
@@ -75,7 +76,7 @@ class Backend:
         tx = make_optimizer(config, total_steps)
         state = TrainState(variables["params"], variables.get("batch_stats", {}), tx.init(variables["params"]),
                            LossScale.create(config))
-        notes: list[str] = []
+        notes = kernel_notes(config, arch)
         if config.pipeline_stages > 1:
             mesh = pipeline.make_mesh(config)
             self.step_fn = pipeline.make_train_step(

@@ -13,11 +13,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.arch import ResNetArch
 from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
-from jax_impl.models import BN_EPS, ResNet
-from jax_impl.models import make_model as build_resnet
+from jax_impl.models import BN_EPS
+from jax_impl.train import Model
+from jax_impl.train import build as build_model
 from jax_impl.train import make_model as make_train_model
 
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -27,7 +27,7 @@ class Unavailable(Exception):
     """A variant that cannot run here (no maintained path, no GPU): skipped, with the reason."""
 
 
-def load_model(config: RunConfig, arch: ResNetArch, weights: str | None) -> tuple[ResNet, dict[str, Any]]:
+def load_model(config: RunConfig, arch: Any, weights: str | None) -> tuple[Model, dict[str, Any]]:
     """The fp32 model and its variables (torch_impl.inference.load_model's mirror; Flax keeps them apart)."""
     return make_train_model(config.replace(init_weights=weights, precision="fp32", remat="none"), arch)
 
@@ -92,7 +92,30 @@ def _host(fn: Callable[[jax.Array], jax.Array]) -> Predict:
     return predict
 
 
-def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
+def _inference_model(config: RunConfig, arch: Any, dtype: str, folded: bool) -> Model:
+    """The family's model (jax_impl/train.py's ``build``) in ``dtype`` without remat; ``folded``: a ResNet's
+    BatchNorms reduced to biases (its ``folded_norm``)."""
+    model = build_model(config.replace(precision=dtype, remat="none"), arch)
+    return model.clone(folded_norm=True) if folded else model
+
+
+def _int8(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
+    """Weight-only INT8 in a bf16 forward. A model with BatchNorm statistics is folded first (as torch's static
+    INT8 fuses conv+BN); one without (a ViT) quantizes its own kernels."""
+    stats = variables.get("batch_stats", {})
+    bf16 = _inference_model(config, arch, "bf16", folded=bool(stats))
+    params = fold_batchnorm(variables["params"], stats) if stats else variables["params"]
+    quantized = jax.device_put(quantize_int8(params))
+
+    def int8_forward(images: jax.Array) -> jax.Array:
+        return bf16.apply({"params": dequantize(quantized, jnp.bfloat16)}, images).astype(jnp.float32)
+
+    what = "folded, int8 weights" if stats else "int8 weights of every kernel"
+    return _host(jax.jit(int8_forward)), (f"{what} (per output channel) dequantized in the jitted forward, bf16 "
+                                          f"activations, on {device}")
+
+
+def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
     model, variables = load_model(config, arch, weights)
@@ -109,21 +132,15 @@ def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
         return _host(op_by_op), f"op by op (jax.disable_jit) fp32 on {device}"
     if name == "compiled":
         return _host(jax.jit(forward)), f"jax.jit fp32 on {device}"
-    folded_params = fold_batchnorm(variables["params"], variables.get("batch_stats", {}))
     if name == "folded":
-        folded = build_resnet(arch).clone(folded_norm=True)
-        params = jax.device_put(folded_params)
+        if not variables.get("batch_stats"):
+            raise Unavailable("the model has no BatchNorm statistics to fold")
+        folded = _inference_model(config, arch, "fp32", folded=True)
+        params = jax.device_put(fold_batchnorm(variables["params"], variables["batch_stats"]))
         return _host(jax.jit(lambda images: folded.apply({"params": params}, images))), \
             f"conv+BN folded into the conv weights, jax.jit fp32 on {device}"
     if name == "int8":
-        bf16 = build_resnet(arch, dtype=jnp.bfloat16).clone(folded_norm=True)
-        quantized = jax.device_put(quantize_int8(folded_params))
-
-        def int8_forward(images: jax.Array) -> jax.Array:
-            return bf16.apply({"params": dequantize(quantized, jnp.bfloat16)}, images).astype(jnp.float32)
-
-        return _host(jax.jit(int8_forward)), ("folded, int8 weights (per output channel) dequantized in the jitted "
-                                              f"forward, bf16 activations, on {device}")
+        return _int8(config, arch, variables, device)
     if name == "onnxruntime":
         raise Unavailable("no maintained JAX -> ONNX exporter without TensorFlow (jax2tf + tf2onnx); "
                           "JAX's own deployment path is jax.export (StableHLO)")

@@ -12,12 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from common.arch import ResNetArch
 from common.config import RunConfig
 from common.schedule import learning_rate
 from common.weights import load_torch_keyed, torch_to_flax
-from jax_impl import parallel
-from jax_impl.models import ResNet, init_variables
+from jax_impl import parallel, transformer
+from jax_impl.models import init_variables
 from jax_impl.models import make_model as build_resnet
 from jax_impl.techniques import (
     LossScale,
@@ -37,9 +36,20 @@ class TrainState(NamedTuple):
 StepFn = Callable[[TrainState, jax.Array, jax.Array, jax.Array], tuple[TrainState, jax.Array]]
 
 
-def make_model(config: RunConfig, arch: ResNetArch) -> tuple[ResNet, dict[str, Any]]:
-    model = build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.remat_stages,
-                         checkpoint_policy=config.remat_policy, bn_axis_name=parallel.bn_axis_name(config))
+Model = Any  # a Flax module of one family (jax_impl/models.py, jax_impl/transformer.py)
+
+
+def build(config: RunConfig, arch: Any) -> Model:
+    """The model of ``arch``'s family (common/workloads.py) with the run's techniques set on it."""
+    if arch.family == "vit":
+        return transformer.make_model(arch, dtype=compute_dtype(config), attention=config.attention,
+                                      remat=config.remat_plan, policy=config.remat_policy)
+    return build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.remat_plan,
+                        checkpoint_policy=config.remat_policy, bn_axis_name=parallel.bn_axis_name(config))
+
+
+def make_model(config: RunConfig, arch: Any) -> tuple[Model, dict[str, Any]]:
+    model = build(config, arch)
     def init() -> dict[str, Any]:
         return init_variables(model, jax.random.key(config.seed), config.image_size)
 
@@ -49,6 +59,24 @@ def make_model(config: RunConfig, arch: ResNetArch) -> tuple[ResNet, dict[str, A
         variables = jax.jit(init)()
     variables = jax.tree.map(lambda a: jnp.asarray(a, param_dtype(config)), dict(variables))
     return model, variables
+
+
+def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
+    """Which attention kernel this run's transformer runs (torch_impl/train.py says the same of torch's)."""
+    if arch.family != "vit":
+        unused = config.attention != "fused"
+        return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
+    if config.attention == "naive":
+        return ["attention: naive (softmax(QK^T/sqrt(d))V written out, softmax in fp32)"]
+    if config.precision == "fp64":
+        return ["attention: fused asked, the written-out path ran (XLA's implementation rounds fp64 scores to fp32)"]
+    implementation = transformer.fused_implementation()
+    if config.precision == "fp16" and implementation != "cudnn":
+        return ["attention: fused asked, the written-out path ran (XLA's implementation asks for an fp16 x fp16 -> "
+                "fp32 dot that XLA here cannot compile)"]
+    if implementation == "cudnn" and config.precision not in ("bf16", "fp16"):
+        implementation = "xla"
+    return [f"attention: fused, jax.nn.dot_product_attention ran its {implementation} implementation"]
 
 
 def make_optimizer(config: RunConfig, total_steps: int) -> optax.GradientTransformation:
@@ -63,7 +91,9 @@ def make_optimizer(config: RunConfig, total_steps: int) -> optax.GradientTransfo
     else:
         tx = optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=config.weight_decay)
     if config.grad_accum_steps > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps)
+        # the accumulator in the parameters' dtype: optax's default is fp32, which in fp64 rounded the averaged
+        # gradient to fp32 (weights 6e-9 off the big batch's after 4 steps; tests/test_vit_trainers.py)
+        tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps, accumulator_dtype=param_dtype(config))
     return tx
 
 
@@ -75,7 +105,7 @@ def loss_fn(config: RunConfig, logits: jax.Array, labels: jax.Array, num_classes
     return optax.softmax_cross_entropy(logits.astype(dtype), targets).mean()
 
 
-def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransformation, num_classes: int) -> StepFn:
+def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransformation, num_classes: int) -> StepFn:
     """One micro-batch step (with MultiSteps, every k-th call updates the parameters). fp16 scales the
     loss, unscales the gradients and, if any is inf/nan, keeps parameters and optimizer state."""
     fp16 = config.precision == "fp16"
@@ -115,11 +145,11 @@ def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransfor
     return step
 
 
-def _eval_logits(model: ResNet) -> Callable:
+def _eval_logits(model: Model) -> Callable:
     return lambda variables, images: model.apply(variables, images, train=False)
 
 
-def evaluate(config: RunConfig, model: ResNet, state: TrainState, loader) -> dict[str, float]:
+def evaluate(config: RunConfig, model: Model, state: TrainState, loader) -> dict[str, float]:
     """Accuracy and mean loss over the evaluation loader's batches (at most ``eval_batches``)."""
     # Always jitted: evaluation is not timed, and op by op it would compile every primitive again (~5 s).
     logits_fn = jax.jit(_eval_logits(model))
@@ -137,7 +167,7 @@ def evaluate(config: RunConfig, model: ResNet, state: TrainState, loader) -> dic
 
 
 
-def measure_saved_bytes(config: RunConfig, model: ResNet, state: TrainState, images: jax.Array,
+def measure_saved_bytes(config: RunConfig, model: Model, state: TrainState, images: jax.Array,
                         labels: jax.Array) -> int:
     """Bytes of the residuals JAX keeps for the backward pass of one micro-batch (the mirror of torch's
     saved-tensor hooks). Where XLA's compiled temp size hides remat's saving (XLA:CPU, seen here), this

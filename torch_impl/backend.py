@@ -21,6 +21,7 @@ from torch_impl.profiling import StepProfiler
 from torch_impl.techniques import apply_flags, compile_counter, make_grad_scaler
 from torch_impl.train import (
     evaluate,
+    kernel_notes,
     loss_fn,
     make_model,
     make_optimizer,
@@ -67,7 +68,7 @@ class Backend:
         self.model = make_model(config, arch, device)
         self.optimizer, self.scheduler = make_optimizer(config, self.model, total_steps)
         self.scaler = make_grad_scaler(config, device)
-        notes: list[str] = []
+        notes = kernel_notes(config, arch, device)
         if config.pipeline_stages > 1:
             self.step_fn = pipeline.make_train_step(config, self.model, self.optimizer, self.scheduler, self.replica,
                                                     device, lambda logits, labels: loss_fn(config, logits, labels))

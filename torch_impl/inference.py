@@ -10,11 +10,11 @@ import copy
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from common.arch import ResNetArch
 from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
 from torch_impl.data import default_device, synchronize, to_nchw
@@ -27,7 +27,14 @@ class Unavailable(Exception):
     """A variant that cannot run here (an optional runtime not installed, no GPU): skipped, with the reason."""
 
 
-def load_model(config: RunConfig, arch: ResNetArch, weights: str | None, device: torch.device) -> torch.nn.Module:
+# How each family is quantized to INT8. FX static quantization traces the model, and torch.fx cannot trace the
+# ViT's fp32 LayerNorm (its torch.autocast(x.device.type) guard: "Expected `device_type` of type `str`, got:
+# torch.fx.proxy.Attribute"); a transformer's compute is its Linear layers, which dynamic quantization covers
+# without tracing.
+INT8_METHODS = {"resnet": "static", "vit": "dynamic"}
+
+
+def load_model(config: RunConfig, arch: Any, weights: str | None, device: torch.device) -> torch.nn.Module:
     return make_model(config.replace(init_weights=weights, precision="fp32"), arch, device).eval()
 
 
@@ -35,6 +42,8 @@ def fold_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
     """Every conv -> BatchNorm pair folded into one conv with a bias (torch.fx's eval-mode fusion pass)."""
     from torch.fx.experimental.optimization import fuse
 
+    if not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise Unavailable("the model has no BatchNorm to fold")
     return fuse(copy.deepcopy(model).eval())
 
 
@@ -53,6 +62,27 @@ def quantize_int8(model: torch.nn.Module, calibration: list[np.ndarray]) -> torc
         for images in calibration:
             prepared(_to_tensor(images, torch.device("cpu")))
     return convert_fx(prepared)
+
+
+def quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
+    """Dynamic INT8 of every Linear layer (torch.ao eager mode, x86: int8 weights per output channel; activations
+    quantized per batch from their observed range at run time, no calibration); the rest stays fp32."""
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    torch.backends.quantized.engine = "x86"
+    model = copy.deepcopy(model).cpu().eval()
+    return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+def _int8(model: torch.nn.Module, arch: Any, calibration: list[np.ndarray]) -> tuple[Predict, str]:
+    """The family's INT8 method (INT8_METHODS), on the CPU's quantized kernels, with what it is."""
+    cpu = torch.device("cpu")
+    if INT8_METHODS.get(arch.family) == "dynamic":
+        return _predictor(quantize_int8_dynamic(model), cpu), (
+            "torch.ao dynamic INT8 of the Linear layers (int8 weights per channel, activations quantized per batch at "
+            "run time; every other layer fp32), CPU kernels: FX static quantization cannot trace this model")
+    note = "torch.ao FX static INT8 (x86: int8 weights per channel, uint8 activations), CPU kernels"
+    return _predictor(quantize_int8(model, calibration), cpu), note
 
 
 def export_onnx(model: torch.nn.Module, path: Path, image_size: int) -> Path:
@@ -77,7 +107,7 @@ def _predictor(module: Callable[[torch.Tensor], torch.Tensor], device: torch.dev
     return predict
 
 
-def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
+def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
     device = default_device()
@@ -89,9 +119,7 @@ def build(name: str, config: RunConfig, arch: ResNetArch, weights: str | None,
     if name == "folded":
         return _predictor(fold_batchnorm(model), device), f"conv+BN folded (torch.fx fuse), eager fp32 on {device}"
     if name == "int8":
-        cpu = torch.device("cpu")
-        note = "torch.ao FX static INT8 (x86: int8 weights per channel, uint8 activations), CPU kernels"
-        return _predictor(quantize_int8(model, calibration), cpu), note
+        return _int8(model, arch, calibration)
     if name == "onnxruntime":
         try:
             import onnxruntime as ort

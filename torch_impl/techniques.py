@@ -22,6 +22,9 @@ def apply_flags(config: RunConfig, device: torch.device) -> list[str]:
     torch.backends.cudnn.allow_tf32 = config.matmul_precision != "highest"
     torch.backends.cudnn.benchmark = config.cudnn_benchmark
     notes = [f"xla_flags={config.xla_flags!r}: a JAX flag, no effect in torch"] if config.xla_flags else []
+    if config.remat_plan and config.remat_policy != "nothing_saveable":
+        notes.append(f"remat_policy={config.remat_policy}: a jax.checkpoint policy; torch's checkpoint recomputes "
+                     f"everything inside the region (nothing_saveable)")
     if device.type != "cuda":
         if config.cudnn_benchmark:
             notes.append("cudnn_benchmark: no effect here (no CUDA device)")

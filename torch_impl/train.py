@@ -5,20 +5,20 @@ side by side; torch_impl/backend.py hands them to the one training loop (common/
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.arch import ResNetArch
 from common.config import RunConfig
 from common.schedule import learning_rate
 from common.weights import load_torch_keyed, save_torch_keyed
 from common.workloads import arch as describe
-from torch_impl import parallel
-from torch_impl.models import ResNet
+from torch_impl import parallel, transformer
 from torch_impl.models import make_model as build_resnet
 from torch_impl.techniques import (
+    AMP_DTYPES,
     autocast,
     count_saved_bytes,
     param_dtype,
@@ -27,16 +27,38 @@ from torch_impl.techniques import (
 StepFn = Callable[[list[tuple[torch.Tensor, torch.Tensor]], bool], torch.Tensor]
 
 
-def make_model(config: RunConfig, arch: ResNetArch, device: torch.device) -> ResNet:
-    torch.manual_seed(config.seed)
+def build(config: RunConfig, arch: Any) -> torch.nn.Module:
+    """The model of ``arch``'s family (common/workloads.py) with the run's techniques set on it."""
+    if arch.family == "vit":
+        return transformer.make_model(arch, attention=config.attention, remat=config.remat_plan,
+                                      channels_last=config.channels_last)
     model = build_resnet(arch, channels_last=config.channels_last)
+    model.checkpoint_stages = frozenset(config.remat_plan)
+    return model
+
+
+def make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(config.seed)
+    model = build(config, arch)
     if config.init_weights:
         state = model.state_dict()
         for key, value in load_torch_keyed(config.init_weights).items():
             state[key] = torch.from_numpy(value).to(state[key].dtype)
         model.load_state_dict(state)
-    model.checkpoint_stages = frozenset(config.remat_stages)
     return model.to(device=device, dtype=param_dtype(config))
+
+
+def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str]:
+    """Which attention kernel this run's transformer runs: --attention's choice and, for fused, the backend
+    F.scaled_dot_product_attention picks for the run's shapes and dtype on this device."""
+    if arch.family != "vit":
+        unused = config.attention != "fused"
+        return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
+    if config.attention == "naive":
+        return ["attention: naive (softmax(QK^T/sqrt(d))V written out, softmax in fp32)"]
+    dtype = AMP_DTYPES.get(config.precision, param_dtype(config))
+    q = torch.zeros(config.batch_size, arch.heads, arch.tokens, arch.head_dim, device=device, dtype=dtype)
+    return [f"attention: fused, F.scaled_dot_product_attention ran its {transformer.fused_kernel(q, q, q)} kernel"]
 
 
 def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int):

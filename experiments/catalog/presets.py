@@ -1,8 +1,11 @@
-"""The base configurations of the ladder and the sweeps (``--preset``)."""
+"""The base configurations of the ladder and the sweeps (``--preset``), and how a preset adapts to ``--model`` of
+another family: through the data of ``FAMILY_RECIPES`` keyed by the model's workload family, never a branch."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from common.workloads import workload_for
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The README's main job (`make run`: 8 rungs and ablations x 2 frameworks x 2 repeats): small enough for 2 CPU
@@ -14,3 +17,30 @@ PRESETS: dict[str, dict[str, Any]] = {
     "article": {"model": "resnet50", "stem": "cifar", "width": 1.0, "batch_size": 128, "steps": 40, "epochs": None,
                 "timing_warmup": 10, "eval_batches": 10, "lr": 0.1, "warmup_steps": 5},
 }
+
+# What a model family trains with in place of the preset's (a ResNet's SGD recipe), keyed by
+# ``workload_for(model).family``: a new family adds a line here, no branch in the driver. A ViT trains with AdamW
+# (timm's DeiT recipe: lr 1e-3, weight decay 0.05; SGD at a ResNet's LR learns a transformer poorly). The preset's
+# batch, steps and warm-up stay, so both families are measured on the same schedule; its width is the ResNet's
+# multiplier, which a ViT ignores (its width is its name's).
+FAMILY_RECIPES: dict[str, dict[str, Any]] = {
+    "vit": {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05},
+}
+
+
+def preset_settings(preset: str, model: str | None = None) -> dict[str, Any]:
+    """The preset's RunConfig fields for ``model`` (None: the preset's own); a model of another family than the
+    preset's takes that family's recipe over the preset's optimizer settings."""
+    settings = dict(PRESETS[preset])
+    if model is None or model == settings["model"]:
+        return settings
+    family = workload_for(model).family  # an unknown model is refused here, by name
+    if family != workload_for(settings["model"]).family:
+        settings.update(FAMILY_RECIPES.get(family, {}))
+    return {**settings, "model": model}
+
+
+def model_tag(preset: str, model: str | None) -> str:
+    """``-<model>`` when ``model`` is not the preset's, for results folder names: rows of two models never share a
+    folder by default (the store would refuse them anyway, as rows of other settings)."""
+    return "" if model is None or model == PRESETS[preset]["model"] else f"-{model}"

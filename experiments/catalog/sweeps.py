@@ -9,6 +9,7 @@ from typing import Any
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from common.workloads import WORKLOADS, workload_for
 
 # How each framework is normally run (``--compile native``): op-by-op JAX is dispatch-bound and hides every technique.
 NATIVE_MODES = {"torch": "eager", "jax": "compiled"}
@@ -80,6 +81,21 @@ def _compile_mode_values(base: RunConfig, cuda: bool) -> list[str]:
     return ["eager", "default", "reduce-overhead", "max-autotune"] if cuda else ["eager", "default"]
 
 
+def _remat_values(base: RunConfig, cuda: bool) -> list[str]:
+    """The model family's own choices (common/workloads.py): ResNet stages, or a transformer's attention and blocks."""
+    return list(workload_for(base.model).remat_choices(base))
+
+
+def _attention(value: str, base: RunConfig, framework: str) -> dict[str, Any]:
+    """--attention, refused by the model's name where its family has no attention (it would change nothing, and two
+    identical runs would read as a measured difference)."""
+    if not workload_for(base.model).attention:
+        having = [m for w in WORKLOADS.values() if w.attention for m in w.models]
+        raise ConfigError(f"model '{base.model}' has no attention, so the attention kernel changes nothing in it; "
+                          f"sweep a model that has: {', '.join(having)} (--model)")
+    return {"attention": value}
+
+
 def _fixed(*values: str) -> Callable[[RunConfig, bool], list[str]]:
     return lambda base, cuda: list(values)
 
@@ -93,8 +109,10 @@ SWEEPS: dict[str, Sweep] = {s.name: s for s in (
     Sweep("batch-size", "batch size (LR unchanged)", _batch_size_values, _setting("batch_size", _int)),
     Sweep("accumulation", "gradient accumulation k at a fixed effective batch (micro-batch = B/k)",
           _fixed("1", "2", "4"), _accumulation),
-    Sweep("checkpointing", "gradient checkpointing (activations recomputed in backward): none / stages / all",
-          _fixed("none", "3,4", "all"), _setting("remat")),
+    Sweep("checkpointing", "gradient checkpointing (activations recomputed in backward): none / ResNet stages or a "
+          "transformer's attention, blocks / all", _remat_values, _setting("remat")),
+    Sweep("attention", "attention kernel: naive (softmax(QK^T/sqrt(d))V written out) / fused "
+          "(F.scaled_dot_product_attention, jax.nn.dot_product_attention)", _fixed("naive", "fused"), _attention),
     Sweep("precision", "compute precision (fp16 with loss scaling; params, BN statistics and loss fp32)",
           _fixed("fp32", "bf16", "fp16"), _setting("precision")),
     Sweep("scaling", "data-parallel replicas at a fixed per-replica batch (torch DDP processes; JAX devices, "

@@ -18,6 +18,7 @@ from common.config import INFERENCE_VARIANTS
 from common.errors import ConfigError
 from common.store import ResultStore, run_settings
 from common.versions import host_info
+from common.workloads import workload_for
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.frameworks import selected
 from experiments.execution.inference import InferOptions, infer_rows, train_weights
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"earlier results moved to {moved}")
     weights, training = args.weights, {"weights": origin}
     if weights is None and args.train_epochs > 0:
-        console.print(f"[bold]infer[/]: training {config.model} width {config.width} for {args.train_epochs} epochs "
+        model = workload_for(config.model).summary(config)
+        console.print(f"[bold]infer[/]: training {model} for {args.train_epochs} epochs "
                       f"(torch) ...")
         weights, training = train_weights(config, args.train_epochs, out, args.timeout)
     failed = []

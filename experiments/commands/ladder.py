@@ -8,6 +8,7 @@ import argparse
 from dataclasses import replace
 
 from experiments.catalog import defaults
+from experiments.catalog.presets import model_tag
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, default_loader_workers, parse_order
 from experiments.execution.device import cuda_available
 from experiments.execution.plan import (
@@ -30,7 +31,7 @@ from experiments.reporting.report import write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_plan_arguments(parser, "ladder-<preset>[-<order>][-accuracy]")
+    add_plan_arguments(parser, "ladder-<preset>[-<model>][-<order>][-accuracy]")
     ladder = parser.add_argument_group("ladder")
     ladder.add_argument("--workers", type=nonnegative_int, default=None,
                         help="the loader rung's worker count (default: CPU count, at most 8)")
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _default_name(args: argparse.Namespace, order: tuple[str, ...]) -> str:
-    name = f"ladder-{args.preset}"
+    name = f"ladder-{args.preset}{model_tag(args.preset, args.model)}"
     if order != DEFAULT_ORDER:
         name += "-" + "-".join(order)
     if args.to_accuracy is not None or args.epochs is not None:

@@ -13,6 +13,7 @@ from rich.table import Table
 from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
 from common.store import atomic_write_text, writable_folder
+from common.workloads import workload_for
 from experiments.execution.frameworks import selected
 from experiments.execution.overhead import GOAL, measure_isolated, overhead_config
 from experiments.execution.paired import paired_config
@@ -27,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _table(config: RunConfig, results: list[dict[str, Any]]) -> Table:
-    table = Table(title=f"trainer vs minimal loop: {config.model} width={config.width} batch={config.batch_size} "
+    model = workload_for(config.model).summary(config)
+    table = Table(title=f"trainer vs minimal loop: {model} batch={config.batch_size} "
                         f"precision={config.precision} compile={config.compile}; median of synchronized steps "
                         f"(device batch -> loss on host), goal <= {GOAL}")
     for column in ("framework", "trainer ms (p10..p90)", "minimal loop ms (p10..p90)", "ratio", "verdict"):

@@ -13,6 +13,7 @@ from common.config import RunConfig
 from common.results import RunRecord
 from common.store import ResultStore
 from common.versions import host_info
+from common.workloads import workload_for
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
@@ -46,7 +47,8 @@ def table_row(record: RunRecord, timing_warmup: int) -> list[str]:
 
 
 def _title(config: RunConfig, records: list[RunRecord]) -> str:
-    return (f"{config.model} width={config.width} batch={config.batch_size} precision={config.precision} "
+    model = workload_for(config.model).summary(config)  # a ResNet's width multiplier; a ViT's shape and kernel
+    return (f"{model} batch={config.batch_size} precision={config.precision} "
             f"compile={config.compile}: median step over {records[0].result.timing.timed_steps} timed steps after "
             f"{config.timing_warmup} warm-up (synchronized)")
 

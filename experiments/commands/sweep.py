@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from experiments.catalog.presets import model_tag
 from experiments.catalog.sweeps import COMPILE_OPTIONS, SWEEPS, checked_values
 from experiments.execution.device import cuda_available
 from experiments.execution.plan import execute, outcome_line, prepare, sweep_plan, with_paired_weights
@@ -22,12 +23,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="mode of both frameworks outside the compile-mode sweep; native (default): torch eager, "
                             "JAX jit, how each is normally run (op-by-op JAX is dispatch-bound and hides every "
                             "technique)")
-    add_plan_arguments(parser, "sweep-<technique>-<preset>")
+    add_plan_arguments(parser, "sweep-<technique>-<preset>[-<model>]")
 
 
 def run(args: argparse.Namespace) -> int:
     sweep = SWEEPS[args.technique]
-    prepared = prepare(plan_options(args), f"sweep-{sweep.name}-{args.preset}")
+    prepared = prepare(plan_options(args), f"sweep-{sweep.name}-{args.preset}{model_tag(args.preset, args.model)}")
     values = checked_values(sweep, args.values or sweep.default_values(prepared.base, cuda_available()),
                             prepared.base, prepared.frameworks)
     prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights

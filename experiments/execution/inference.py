@@ -19,7 +19,7 @@ from common.results import RunResult
 from common.timing import summarize
 from common.versions import host_info
 from common.workloads import arch as describe
-from common.workloads import num_classes, open_sources
+from common.workloads import num_classes, open_sources, workload_for
 from experiments.execution.frameworks import device_name, module
 from experiments.execution.paired import paired_config, run_framework
 from experiments.execution.runner import run_isolated
@@ -68,13 +68,18 @@ def _throughput(predict: Any, batches: list[HostBatch], batch: int, calls: int) 
 
 def measure_variant(framework: str, name: str, config: RunConfig, weights: str | None,
                     options: dict[str, Any]) -> dict[str, Any]:
-    """One variant: build it, time batch 1 and the throughput batches, score the eval split."""
+    """One variant: build it, time batch 1 and the throughput batches, score the eval split. A variant that means
+    nothing for the model's family (its workload's ``no_inference``: folding a model without BatchNorm) is skipped
+    with the workload's reason, before anything is built."""
+    row: dict[str, Any] = {"framework": framework, "variant": name}
+    meaningless = workload_for(config.model).no_inference.get(name)
+    if meaningless:
+        return {**row, "status": "skipped", "note": meaningless}
     inference = module(framework, "inference")
     arch = describe(config, num_classes(config))
     batches = eval_batches(config, 128, options["eval_batches"])
     calibration = [images for images, _ in eval_batches(config.replace(seed=config.seed + 1), 32,
                                                         options["calibration_batches"])]
-    row: dict[str, Any] = {"framework": framework, "variant": name}
     try:
         predict, note = inference.build(name, config, arch, weights, calibration)
     except inference.Unavailable as exc:

@@ -90,17 +90,18 @@ def _jax_minimal(config: RunConfig, arch: Any, batches: list[HostBatch], warmup:
     tx = optax.chain(optax.add_decayed_weights(config.weight_decay), optax.sgd(config.lr, momentum=config.momentum))
 
     def step(params, batch_stats, opt_state, images, labels):
+        # a model without BatchNorm (a ViT) has no batch_stats: an empty collection, passed and returned as such
         def loss_of(p):
-            logits, updates = model.apply({"params": p, "batch_stats": batch_stats}, images, train=True,
-                                          mutable=["batch_stats"])
+            variables = {"params": p, **({"batch_stats": batch_stats} if batch_stats else {})}
+            logits, updates = model.apply(variables, images, train=True, mutable=["batch_stats"])
             return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean(), updates
         (loss, updates), grads = jax.value_and_grad(loss_of, has_aux=True)(params)
         changes, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, changes), updates["batch_stats"], opt_state, loss
+        return optax.apply_updates(params, changes), updates.get("batch_stats", {}), opt_state, loss
 
     compiled = config.compile == "compiled"
     run = jax.jit(step, donate_argnums=(0, 1, 2)) if compiled else step
-    params, batch_stats = variables["params"], variables["batch_stats"]
+    params, batch_stats = variables["params"], variables.get("batch_stats", {})
     opt_state = tx.init(params)
     on_device = [(jax.device_put(x), jax.device_put(y)) for x, y in batches]
     times, losses = [], []

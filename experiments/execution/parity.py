@@ -1,15 +1,17 @@
 """Paired checks that prove both sides compute the same thing, in this process (the weight transfer itself is
-common/weights.py)."""
+common/weights.py). Either family: a ResNetArch builds torch_impl/models.py and jax_impl/models.py, a TransformerArch
+torch_impl/transformer.py and jax_impl/transformer.py with the ``attention`` kernel asked for."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from common.arch import ResNetArch
+from common.arch_vit import TransformerArch
 from common.weights import flax_grads_to_torch, flax_to_torch, torch_to_flax
 
 
@@ -20,7 +22,7 @@ def load_flax_into_torch(model: Any, variables: Mapping[str, Any]) -> None:
     for key, value in flax_to_torch(variables).items():
         if key not in state:
             raise KeyError(f"Flax variable maps to '{key}', which the torch model does not have")
-        state[key] = torch.from_numpy(np.ascontiguousarray(value)).to(state[key].dtype)
+        state[key] = torch.from_numpy(np.array(value)).to(state[key].dtype)  # a writable copy
     model.load_state_dict(state)
 
 
@@ -29,6 +31,9 @@ def max_relative_difference(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     scale = max(float(np.abs(b).max()), 1e-12)
     return float(np.abs(a - b).max() / scale)
+
+
+Arch = ResNetArch | TransformerArch
 
 
 @dataclass(frozen=True)
@@ -55,29 +60,46 @@ def compare(a: Quantities, b: Quantities) -> dict[str, float]:
     }
 
 
-def paired_forward_backward(arch: ResNetArch, batch_size: int = 8, image_size: int = 32, seed: int = 0,
-                            float64: bool = False) -> dict[str, float]:
+def paired_forward_backward(arch: Arch, batch_size: int = 8, image_size: int = 32, seed: int = 0,
+                            float64: bool = False, attention: str = "fused") -> dict[str, float]:
     """Random torch weights -> Flax; the same batch through both in fp32 (or fp64, which separates a
     semantic difference from rounding amplified through a deep network); max relative differences."""
-    torch_side, flax_side = forward_backward(arch, batch_size, image_size, seed, float64)
+    torch_side, flax_side = forward_backward(arch, batch_size, image_size, seed, float64, attention)
     return compare(flax_side, torch_side)
 
 
-def fp32_gaps_and_noise_floor(arch: ResNetArch, batch_size: int = 8, image_size: int = 32,
-                              seed: int = 0) -> tuple[dict[str, float], dict[str, float]]:
+def fp32_gaps_and_noise_floor(arch: Arch, batch_size: int = 8, image_size: int = 32, seed: int = 0,
+                              attention: str = "fused") -> tuple[dict[str, float], dict[str, float]]:
     """(torch vs Flax in fp32, this machine's fp32 noise floor). The floor: how far each framework's fp32 result
     lies from its own fp64 result on the same weights and batch, summed over the two frameworks; by the triangle
     inequality, the most that two fp32 computations of the same function can differ here. A ReLU input within
     rounding of zero that flips in fp32 on this CPU shows up in it as a large gradient term, in the framework where
     it flipped; a real difference between the implementations shows up in neither framework's term."""
-    torch32, flax32 = forward_backward(arch, batch_size, image_size, seed, float64=False)
-    torch64, flax64 = forward_backward(arch, batch_size, image_size, seed, float64=True)
+    torch32, flax32 = forward_backward(arch, batch_size, image_size, seed, False, attention)
+    torch64, flax64 = forward_backward(arch, batch_size, image_size, seed, True, attention)
     torch_floor, flax_floor = compare(torch32, torch64), compare(flax32, flax64)
     return compare(flax32, torch32), {name: torch_floor[name] + flax_floor[name] for name in torch_floor}
 
 
-def forward_backward(arch: ResNetArch, batch_size: int, image_size: int, seed: int,
-                     float64: bool) -> tuple[Quantities, Quantities]:
+def model_builders(arch: Arch, attention: str = "fused") -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    """(torch model factory, Flax model factory taking the compute dtype) of ``arch``'s family; ``attention``
+    (naive or fused) is the transformer's kernel and means nothing to a ResNet."""
+    if arch.family == "resnet":
+        from jax_impl.models import make_model as flax_resnet
+        from torch_impl.models import make_model as torch_resnet
+
+        return lambda: torch_resnet(arch), lambda dtype: flax_resnet(arch, dtype=dtype)
+    if arch.family == "vit":
+        from jax_impl.transformer import make_model as flax_vit
+        from torch_impl.transformer import make_model as torch_vit
+
+        return (lambda: torch_vit(arch, attention=attention),
+                lambda dtype: flax_vit(arch, dtype=dtype, attention=attention))
+    raise ValueError(f"no parity check for the model family '{arch.family}'")
+
+
+def forward_backward(arch: Arch, batch_size: int, image_size: int, seed: int, float64: bool,
+                     attention: str = "fused") -> tuple[Quantities, Quantities]:
     """(torch, Flax) quantities on the same torch-initialised weights and the same batch (drawn in fp64, rounded to
     fp32 for an fp32 pass)."""
     import jax
@@ -85,8 +107,11 @@ def forward_backward(arch: ResNetArch, batch_size: int, image_size: int, seed: i
     import torch
 
     from jax_impl.models import init_variables
-    from jax_impl.models import make_model as make_flax
-    from torch_impl.models import make_model as make_torch
+
+    if arch.family == "vit" and image_size != arch.image_size:
+        raise ValueError(f"{arch.name} is built for {arch.image_size}-pixel images (its position embeddings), "
+                         f"not {image_size}")
+    make_torch, make_flax = model_builders(arch, attention)
 
     dtype = np.float64 if float64 else np.float32
     torch.manual_seed(seed)
@@ -94,10 +119,12 @@ def forward_backward(arch: ResNetArch, batch_size: int, image_size: int, seed: i
     rng = np.random.default_rng(seed)
     images = rng.normal(size=(batch_size, image_size, image_size, 3)).astype(dtype)
     labels = rng.integers(0, arch.num_classes, size=batch_size)
-    torch_model = make_torch(arch).to(torch.float64 if float64 else torch.float32)
+    torch_model = make_torch().to(torch.float64 if float64 else torch.float32)
     with jax.enable_x64(float64), jax.default_matmul_precision("highest"):
-        flax_model = make_flax(arch, dtype=jnp.dtype(dtype))
-        template = jax.tree.map(lambda a: a.astype(dtype), init_variables(flax_model, jax.random.key(0), image_size))
+        flax_model = make_flax(jnp.dtype(dtype))
+        # shapes only (the values are torch's): an eager init would compile every op on its own
+        shapes = jax.eval_shape(lambda: init_variables(flax_model, jax.random.key(0), image_size))
+        template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype), shapes)
         variables = torch_to_flax(torch_model.state_dict(), template)
         flax_side = _flax_quantities(flax_model, variables, images, labels)
     return _torch_quantities(torch_model, images, labels), flax_side

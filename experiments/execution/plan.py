@@ -21,7 +21,7 @@ from common.results import RunRecord, RunResult
 from common.store import ResultStore, run_settings
 from common.versions import host_info
 from experiments.catalog.defaults import default_archive
-from experiments.catalog.presets import PRESETS
+from experiments.catalog.presets import preset_settings
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, Rung, ladder_rungs, rung_config, skip_reason
 from experiments.catalog.sweeps import Sweep, mode_for
 from experiments.execution.device import ensure_matmul_rate
@@ -50,6 +50,7 @@ class PlanOptions:
     """What the ladder and the sweeps are asked for on the command line (their shared flags)."""
 
     preset: str = "cpu"
+    model: str | None = None  # None: the preset's; another family's model takes its recipe (presets.FAMILY_RECIPES)
     framework: str = "both"
     source: str = "cifar100"
     data: str | None = None
@@ -75,7 +76,7 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     (``with_paired_weights``), so a bad value is refused before the weights are made."""
     if options.repeats < 1:
         raise ConfigError("--repeats must be at least 1")
-    preset = dict(PRESETS[options.preset])
+    preset = preset_settings(options.preset, options.model)
     if options.steps is not None:
         preset["steps"] = options.steps
     preset.update(devices=options.devices or options.processes, processes=options.processes)

@@ -1,0 +1,153 @@
+"""The Vision Transformer built from ``common.arch_vit`` in Flax Linen, module for module and name for name with
+torch_impl/transformer.py (layout NHWC in, tokens (batch, tokens, width) inside).
+
+Where JAX must say what torch autocast does by itself (the article's mixed-precision rules):
+- LayerNorm: input and ``dtype`` fp32 at least, so its statistics are fp32 whatever the compute dtype
+  (``layer_norm`` below).
+- Attention softmax: the scores are cast to fp32 before ``jax.nn.softmax`` (``naive_attention``);
+  ``jax.nn.dot_product_attention`` computes its logits and softmax in fp32 by itself (its XLA implementation).
+- The residual stream stays fp32 (position embeddings are fp32; a lower-precision branch output is promoted when
+  added), as in torch.
+Known traps set explicitly: exact (erf) GELU (``nn.gelu`` defaults to tanh), LayerNorm epsilon from the description.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from common.arch_vit import RematPlan, TransformerArch
+
+NO_REMAT = RematPlan()
+
+INIT_STD = 0.02
+trunc_init = nn.initializers.truncated_normal(INIT_STD)  # +-2 std, as torch_impl's trunc_normal_(a, b)
+
+
+def naive_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(d)) v written out on (batch, tokens, heads, head_dim) arrays; softmax in fp32."""
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+    weights = jax.nn.softmax(scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), axis=-1).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def fused_implementation() -> str:
+    """``jax.nn.dot_product_attention``'s implementation here: cuDNN's fused kernel on an NVIDIA GPU, XLA's
+    (which its ``implementation=None`` always picks in jax 0.10) elsewhere."""
+    return "cudnn" if jax.devices()[0].platform == "gpu" else "xla"
+
+
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    if q.dtype == jnp.float64:  # the XLA implementation rounds fp64 scores to fp32 for its softmax
+        return naive_attention(q, k, v)
+    implementation = fused_implementation()
+    if q.dtype == jnp.float16 and implementation != "cudnn":
+        # its XLA implementation asks dot_general for precision F16_F16_F32, which XLA:CPU (and TPU) reject when the
+        # program is compiled (its try/except sees only tracing): every fp16 run failed here. The same three
+        # operations, written out, softmax in fp32.
+        return naive_attention(q, k, v)
+    if implementation == "cudnn" and q.dtype not in (jnp.float16, jnp.bfloat16):
+        implementation = "xla"  # cuDNN's kernel takes half-precision inputs only
+    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+
+
+def layer_norm(x: jax.Array, epsilon: float, name: str) -> jax.Array:
+    """torch's LayerNorm (biased variance, affine) with statistics and output in fp32 at least: the input is cast
+    up first (the residual stream is fp32 already; this keeps it so whatever a caller passes)."""
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    # use_fast_variance=False: torch's two-pass variance; Flax's default E[x^2] - E[x]^2 cancels catastrophically
+    # in fp32 when a token's mean is large against its spread
+    return nn.LayerNorm(epsilon=epsilon, dtype=x.dtype, param_dtype=jnp.float32, use_fast_variance=False,
+                        name=name)(x)
+
+
+class Attention(nn.Module):
+    arch: TransformerArch
+    kernel: str = "fused"
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        arch = self.arch
+        batch, tokens, width = x.shape
+        qkv = _dense(3 * width, self.dtype, "qkv")(x).reshape(batch, tokens, 3, arch.heads, arch.head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (batch, tokens, heads, head_dim) each
+        out = fused_attention(q, k, v) if self.kernel == "fused" else naive_attention(q, k, v)
+        return _dense(width, self.dtype, "proj")(out.reshape(batch, tokens, width))
+
+
+class Mlp(nn.Module):
+    arch: TransformerArch
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = nn.gelu(_dense(self.arch.hidden, self.dtype, "fc1")(x), approximate=False)
+        return _dense(self.arch.width, self.dtype, "fc2")(hidden)
+
+
+class Block(nn.Module):
+    arch: TransformerArch
+    kernel: str = "fused"
+    dtype: Any = jnp.float32
+    remat_attention: bool = False
+    policy: str = "nothing_saveable"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        attention = Attention
+        if self.remat_attention:
+            attention = nn.remat(Attention, policy=getattr(jax.checkpoint_policies, self.policy))
+        eps = self.arch.norm_eps
+        x = x + attention(self.arch, self.kernel, self.dtype, name="attn")(layer_norm(x, eps, "norm1"))
+        return x + Mlp(self.arch, self.dtype, name="mlp")(layer_norm(x, eps, "norm2"))
+
+
+class VisionTransformer(nn.Module):
+    """``remat``: whole blocks and/or every block's attention rematerialised (``jax.checkpoint``) with ``policy``,
+    a name from ``jax.checkpoint_policies`` (dots_with_no_batch_dims_saveable keeps the projections and recomputes
+    the scores and softmax)."""
+
+    arch: TransformerArch
+    dtype: Any = jnp.float32
+    kernel: str = "fused"
+    remat: RematPlan = RematPlan()
+    policy: str = "nothing_saveable"
+
+    @nn.compact
+    def __call__(self, images: jax.Array, train: bool = False) -> jax.Array:
+        del train  # no dropout, no batch statistics: train and eval mode compute the same function
+        arch = self.arch
+        x = nn.Conv(arch.width, (arch.patch, arch.patch), strides=(arch.patch, arch.patch), padding="VALID",
+                    kernel_init=trunc_init, dtype=self.dtype, param_dtype=jnp.float32, name="patch_embed")(
+            images.astype(self.dtype))
+        x = x.reshape(x.shape[0], -1, arch.width)  # (batch, patches, width), patches row by row as torch's flatten
+        if arch.pool == "cls":
+            cls = self.param("cls_token", trunc_init, (1, 1, arch.width), jnp.float32)
+            x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, arch.width)), x], axis=1)
+        x = x + self.param("pos_embed", trunc_init, (1, arch.tokens, arch.width), jnp.float32)  # fp32 from here on
+        policy = getattr(jax.checkpoint_policies, self.policy)
+        for index in range(arch.depth):
+            block = nn.remat(Block, policy=policy) if index in self.remat.blocks else Block
+            x = block(arch, self.kernel, self.dtype, self.remat.attention and index not in self.remat.blocks,
+                      self.policy, name=f"blocks_{index}")(x)
+        x = layer_norm(x, arch.norm_eps, "norm")
+        pooled = x[:, 0] if arch.pool == "cls" else x.mean(axis=1)
+        return _dense(arch.num_classes, self.dtype, "head")(pooled)
+
+
+def _dense(features: int, dtype: Any, name: str) -> nn.Dense:
+    return nn.Dense(features, kernel_init=trunc_init, bias_init=nn.initializers.zeros, dtype=dtype,
+                    param_dtype=jnp.float32, name=name)
+
+
+def make_model(arch: TransformerArch, dtype: Any = jnp.float32, attention: str = "fused",
+               remat: RematPlan = NO_REMAT, policy: str = "nothing_saveable") -> VisionTransformer:
+    if not hasattr(jax.checkpoint_policies, policy):
+        known = [n for n in dir(jax.checkpoint_policies) if not n.startswith("_")]
+        raise ValueError(f"unknown checkpoint policy '{policy}'; known: {', '.join(known)}")
+    return VisionTransformer(arch, dtype=dtype, kernel=attention, remat=remat, policy=policy)

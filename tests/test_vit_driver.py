@@ -1,0 +1,129 @@
+"""Every driver command takes ``--model vit-*`` through the workload seam (common/workloads.py): the ladder and the
+sweeps adapt the preset by family data (AdamW for a ViT), the checkpointing sweep takes the family's own choices, the
+attention sweep refuses a model without attention by name, and infer, overhead and diagnose run a ViT, skipping
+what means nothing for it (BatchNorm folding) with the reason."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.errors import ConfigError
+from experiments.__main__ import main
+from experiments.catalog.presets import model_tag, preset_settings
+from experiments.catalog.rungs import DEFAULT_ORDER
+from experiments.catalog.sweeps import SWEEPS, checked_values
+from experiments.execution.plan import PlanOptions, prepare, sweep_plan
+
+FRAMEWORKS = ("torch", "jax")
+
+
+def _rows(path: Path, command: str) -> list[dict]:
+    """The rows of one command in a results folder's runs.jsonl export."""
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("command") == command]
+
+
+def test_a_preset_adapts_to_a_model_of_another_family_by_data():
+    vit = preset_settings("tiny", "vit-tiny")
+    assert (vit["model"], vit["optimizer"], vit["lr"], vit["weight_decay"]) == ("vit-tiny", "adamw", 1e-3, 0.05)
+    assert vit["batch_size"] == preset_settings("tiny")["batch_size"]  # the preset's schedule stays
+    resnet50 = preset_settings("tiny", "resnet50")  # the preset's family: its own recipe, only the model changes
+    assert (resnet50["model"], resnet50.get("optimizer", "sgd"), resnet50["lr"]) == ("resnet50", "sgd", 0.05)
+    assert (model_tag("tiny", "vit-tiny"), model_tag("tiny", "resnet18"), model_tag("tiny", None)) == ("-vit-tiny", "",
+                                                                                                        "")
+    with pytest.raises(ConfigError, match="unknown model 'vit-xl'"):
+        preset_settings("tiny", "vit-xl")
+
+
+def test_the_checkpointing_sweep_takes_the_family_choices_and_attention_refuses_a_resnet(cifar100_archive, tmp_path,
+                                                                                        capsys):
+    prepared = prepare(PlanOptions(preset="tiny", model="vit-tiny", data=str(cifar100_archive),
+                                   results=str(tmp_path)), "sweep-checkpointing-tiny-vit-tiny")
+    sweep = SWEEPS["checkpointing"]
+    values = checked_values(sweep, sweep.default_values(prepared.base, False), prepared.base, FRAMEWORKS)
+    assert values == ["none", "attention", "1,2,3", "all"]  # vit-tiny has 6 blocks: the first half is 1..3
+    plan = sweep_plan(sweep, values, prepared.base, FRAMEWORKS, repeats=1, preset="tiny")
+    assert {(p.config.remat, p.framework) for p in plan} == {(v, f) for v in values for f in FRAMEWORKS}
+    assert {p.config.optimizer for p in plan} == {"adamw"}
+    kernels = sweep_plan(SWEEPS["attention"], ["naive", "fused"], prepared.base, FRAMEWORKS, 1, "tiny")
+    assert sorted({p.config.attention for p in kernels}) == ["fused", "naive"]
+    # a ResNet has no attention: refused by its name before any run, and nothing is written
+    common = ["--preset", "tiny", "--data", str(cifar100_archive), "--results", str(tmp_path)]
+    assert main(["sweep", "attention", *common]) == 2
+    assert "model 'resnet18' has no attention" in capsys.readouterr().err
+    assert main(["sweep", "checkpointing", "--model", "vit-micro", "--values", "3", *common]) == 2  # 2 blocks
+    assert "blocks must be within 1..2" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*/runs.jsonl"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_ladder_runs_every_rung_of_a_vit_in_both_frameworks(cifar100_archive, tmp_path):
+    """vit-micro, 2 steps a run (vit-tiny at the tiny preset took 6 min here, on 2 shared cores)."""
+    code = main(["ladder", "--preset", "tiny", "--model", "vit-micro", "--no-ablations", "--repeats", "1",
+                 "--steps", "2", "--data", str(cifar100_archive), "--results", str(tmp_path)])
+    assert code == 0
+    folder = tmp_path / "ladder-tiny-vit-micro"  # named after the model: never mixed with the ResNet's rows
+    runs = _rows(folder / "runs.jsonl", "ladder")
+    assert {(r["rung"], r["framework"]) for r in runs} == {(rung, f) for rung in ("baseline", *DEFAULT_ORDER)
+                                                           for f in FRAMEWORKS}
+    assert all(r["status"] == "ok" for r in runs), [r.get("error") for r in runs]
+    assert {(r["config"]["model"], r["config"]["optimizer"], r["config"]["lr"]) for r in runs} == {
+        ("vit-micro", "adamw", 1e-3)}
+    assert all(any(n.startswith("attention: fused") for n in r["notes"]) for r in runs)
+    assert len({r["config"]["init_weights"] for r in runs}) == 1  # both frameworks from the same weights
+    assert "| compile | jax |" in (folder / "report.md").read_text()
+
+
+def _infer_rows(folder: Path) -> dict[tuple[str, str], dict]:
+    return {(r["framework"], r["variant"]): r for r in _rows(folder / "runs.jsonl", "infer")}
+
+
+@pytest.mark.timeout(600)
+def test_infer_runs_a_vit_and_skips_folding_with_its_reason(cifar100_archive, tmp_path):
+    code = main(["infer", "--model", "vit-micro", "--data", str(cifar100_archive), "--train-epochs", "0",
+                 "--variants", "eager", "folded", "int8", "onnxruntime", "--calls", "5", "--warmup", "1",
+                 "--throughput-batches", "8", "--throughput-calls", "2", "--calibration-batches", "1",
+                 "--eval-batches", "1", "--out", str(tmp_path)])
+    assert code == 0
+    rows = _infer_rows(tmp_path)
+    for framework in FRAMEWORKS:
+        assert rows[(framework, "eager")]["status"] == "ok" and rows[(framework, "int8")]["status"] == "ok"
+        folded = rows[(framework, "folded")]
+        assert folded["status"] == "skipped" and "has no BatchNorm" in folded["note"]
+    assert "dynamic INT8 of the Linear layers" in rows[("torch", "int8")]["note"]
+    assert rows[("torch", "onnxruntime")]["status"] == "ok"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_int8_of_a_vit_stays_close_to_its_fp32_logits(framework):
+    """In process: torch's dynamic INT8 of the Linear layers, JAX's int8 weights in a bf16 forward; random weights
+    give small logits, so the gap is taken against their spread."""
+    from common.workloads import arch
+    from experiments.execution.frameworks import module
+
+    inference = module(framework, "inference")
+    config = RunConfig(model="vit-micro")
+    description = arch(config, 100)
+    images = np.random.default_rng(0).random((8, 32, 32, 3), dtype=np.float32)
+    eager, _ = inference.build("eager" if framework == "torch" else "compiled", config, description, None, [images])
+    int8, _ = inference.build("int8", config, description, None, [images])
+    reference = eager(images)
+    assert np.abs(int8(images) - reference).max() < 0.1 * np.abs(reference).max() + 1e-3
+
+
+@pytest.mark.timeout(600)
+def test_overhead_runs_a_vit_in_both_frameworks(cifar100_archive, tmp_path):
+    """Each framework in its usual mode (torch eager, JAX jit): the minimal loop has no batch_stats to carry."""
+    common = ["--model", "vit-micro", "--data", str(cifar100_archive), "--batch-size", "16", "--steps", "4",
+              "--timing-warmup", "1"]
+    for framework, mode in (("torch", "eager"), ("jax", "compiled")):
+        out = tmp_path / framework
+        assert main(["overhead", "--framework", framework, "--compile", mode, *common, "--out", str(out)]) == 0
+        (result,) = json.loads((out / "overhead.json").read_text())["results"]
+        assert result["status"] == "ok" and result["timed_steps"] == 3
+        assert result["first_loss"]["trainer"] == pytest.approx(result["first_loss"]["minimal"], rel=1e-5)

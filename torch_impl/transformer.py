@@ -1,0 +1,154 @@
+"""The Vision Transformer built from ``common.arch_vit``, with timm's module names; jax_impl/transformer.py is its
+Flax twin, name for name, so weights transfer one-to-one (common/weights.py).
+
+Precision (the article's rules, written out rather than left to autocast's op lists): LayerNorm statistics and the
+attention softmax are computed in fp32 whatever the compute dtype; the residual stream stays fp32 (a lower-precision
+branch output added to it is promoted); Linear layers and the attention products run in the autocast dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from common.arch_vit import RematPlan, TransformerArch
+
+NO_REMAT = RematPlan()
+
+INIT_STD = 0.02  # timm's ViT: truncated normal at +-2 std for Linear weights, patch embedding and position embedding
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v, written out: the scores tensor (batch, heads, tokens, tokens) is materialised,
+    and the softmax runs in fp32 (in fp16 large scores overflow: tests/test_transformer.py shows it)."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    # fp32 at least: fp64 stays fp64 (the fp64 parity checks need every step in fp64)
+    weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+    return weights @ v
+
+
+def fused_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The backend F.scaled_dot_product_attention picks for these inputs (flash, memory-efficient, cuDNN or the
+    math fallback): what actually ran, for the run's notes."""
+    from torch.nn.attention import SDPBackend
+
+    try:
+        return SDPBackend(torch._fused_sdp_choice(q, k, v)).name.lower()
+    except Exception as exc:  # a private helper: if it moves, say so rather than guess
+        return f"unknown ({type(exc).__name__})"
+
+
+class LayerNorm(nn.LayerNorm):
+    """Statistics in fp32 whatever the input dtype (under autocast too); the output is fp32."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, arch: TransformerArch) -> None:
+        super().__init__()
+        self.heads = arch.heads
+        self.qkv = nn.Linear(arch.width, 3 * arch.width)
+        self.proj = nn.Linear(arch.width, arch.width)
+        self.kernel = "fused"  # or "naive": set by make_model from the run's --attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = x.shape
+        # (batch, tokens, 3 * width) read as (3, heads, head_dim): q, k, v of shape (batch, heads, tokens, head_dim)
+        q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        if self.kernel == "fused":
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = naive_attention(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(batch, tokens, width))
+
+
+class Mlp(nn.Module):
+    def __init__(self, arch: TransformerArch) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(arch.width, arch.hidden)
+        self.fc2 = nn.Linear(arch.hidden, arch.width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="none"))  # exact (erf) GELU, as jax_impl sets explicitly
+
+
+class Block(nn.Module):
+    def __init__(self, arch: TransformerArch) -> None:
+        super().__init__()
+        self.norm1 = LayerNorm(arch.width, eps=arch.norm_eps)
+        self.attn = Attention(arch)
+        self.norm2 = LayerNorm(arch.width, eps=arch.norm_eps)
+        self.mlp = Mlp(arch)
+        self.remat_attention = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        if self.remat_attention and self.training:
+            x = x + checkpoint(self.attn, h, use_reentrant=False)
+        else:
+            x = x + self.attn(h)
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, arch: TransformerArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.patch_embed = nn.Conv2d(3, arch.width, arch.patch, stride=arch.patch)
+        if arch.pool == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.width))
+        self.pos_embed = nn.Parameter(torch.zeros(1, arch.tokens, arch.width))
+        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.depth))
+        self.norm = LayerNorm(arch.width, eps=arch.norm_eps)
+        self.head = nn.Linear(arch.width, arch.num_classes)
+        self.remat_blocks: frozenset[int] = frozenset()  # blocks recomputed whole in the backward pass
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, param in self.named_parameters():
+            if name.endswith("bias") or ".norm" in f".{name}":
+                continue  # biases 0, LayerNorm scale 1 (torch's defaults for those are zeros / ones already)
+            nn.init.trunc_normal_(param, std=INIT_STD, a=-2 * INIT_STD, b=2 * INIT_STD)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def set_remat(self, plan: RematPlan) -> None:
+        self.remat_blocks = frozenset(plan.blocks)
+        for block in self.blocks:
+            block.remat_attention = plan.attention
+
+    def set_attention(self, kernel: str) -> None:
+        for block in self.blocks:
+            block.attn.kernel = kernel
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (batch, patches, width), patches row by row
+        if self.arch.pool == "cls":
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        x = x + self.pos_embed  # fp32 from here on: the residual stream
+        for index, block in enumerate(self.blocks):
+            if index in self.remat_blocks and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        x = self.norm(x)
+        pooled = x[:, 0] if self.arch.pool == "cls" else x.mean(dim=1)
+        return self.head(pooled)
+
+
+def make_model(arch: TransformerArch, attention: str = "fused", remat: RematPlan = NO_REMAT,
+               channels_last: bool = False) -> VisionTransformer:
+    model = VisionTransformer(arch)
+    model.set_attention(attention)
+    model.set_remat(remat)
+    if channels_last:  # only the patch embedding is a convolution
+        model = model.to(memory_format=torch.channels_last)
+    return model
