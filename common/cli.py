@@ -18,16 +18,20 @@ from common import config as cfg
 from common.config import RunConfig
 from common.data.sources import KNOWN_SOURCES
 from common.errors import ConfigError
-from common.workloads import known_models
+from common.workloads import known_models, workload_for
 
 # group -> {field: (help, choices or None)}; every RunConfig field is in exactly one group (tested)
 GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
     "data": {
-        "source": ("data set", KNOWN_SOURCES),
-        "data": ("CIFAR archive (.tar.gz) or extracted folder; default: a generated archive", None),
+        "source": ("data set (text: a folder of AG News train.csv/test.csv or train.jsonl/test.jsonl; the default "
+                   "of a text model)", KNOWN_SOURCES + cfg.TEXT_SOURCES),
+        "data": ("CIFAR archive (.tar.gz) or extracted folder, or a text folder; default: a generated one", None),
         "png": ("read the images as PNG files (the decode cost of a real image folder)", None),
         "synthetic_size": ("images in the synthetic source", None),
         "image_size": ("image side in pixels (synthetic source)", None),
+        "batching": ("text: pad each batch to the split's longest text (pad-max), to the batch's longest "
+                     "(pad-longest) or to the smallest bucket that holds it (bucket)", cfg.BATCHINGS),
+        "buckets": ("text: bucket sizes, pow2 (16, 32, 64 ... max_len) or N (multiples of N)", None),
     },
     "model": {
         "model": ("architecture", None),
@@ -39,6 +43,7 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
         "pool": ("transformer: classify from the class token or the mean of the tokens", cfg.POOLS),
         "attention": ("transformer attention kernel: naive (softmax(QK^T/sqrt(d))V written out) or fused "
                       "(F.scaled_dot_product_attention / jax.nn.dot_product_attention)", cfg.ATTENTION_KERNELS),
+        "max_len": ("text: tokens kept of each text ([CLS] + UTF-8 bytes), the position table's length", None),
     },
     "optimizer": {
         "optimizer": ("torch.optim formulas, mirrored in optax", cfg.OPTIMIZERS),
@@ -73,6 +78,10 @@ GROUPS: dict[str, dict[str, tuple[str, tuple[str, ...] | None]]] = {
     "compile": {
         "compile": ("torch.compile / jax.jit, or eager (JAX: op by op)", cfg.COMPILE_MODES),
         "torchcompile_mode": ("torch.compile mode", cfg.TORCH_COMPILE_MODES),
+        "compile_dynamic": ("torch.compile and a new input shape: false (a graph per shape, up to the recompile "
+                            "limit), default (automatic dynamic after the first recompile), true, or mark "
+                            "(mark_dynamic on the sequence axis); JAX compiles a program per shape",
+                            cfg.COMPILE_DYNAMIC),
         "cudnn_benchmark": ("torch.backends.cudnn.benchmark", None),
         "xla_flags": ("XLA_FLAGS the JAX side adds before its backend starts, e.g. '--xla_cpu_use_onednn=true' "
                       "(torch: no effect)", None),
@@ -207,4 +216,14 @@ def load_toml(path: str | Path) -> RunConfig:
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     base = load_toml(args.config) if getattr(args, "config", None) else RunConfig()
     given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
-    return base.replace(**{**_steps_or_epochs(given), **overrides})
+    merged = {**_steps_or_epochs(given), **overrides}
+    return base.replace(**with_family_source(merged, base))
+
+
+def with_family_source(changes: dict[str, Any], base: RunConfig) -> dict[str, Any]:
+    """A text model reads the text source unless a source was given (an image source is the default of all
+    others): ``--model text-tiny`` alone is a complete run."""
+    model = changes.get("model", base.model)
+    if "source" not in changes and workload_for(model).family == "text" and base.source not in cfg.TEXT_SOURCES:
+        return {**changes, "source": "text"}
+    return changes

@@ -14,6 +14,7 @@ from typing import Any
 from common.arch import NORMS, STEMS
 from common.arch_vit import ATTENTION_KERNELS, POOLS
 from common.data.sources import KNOWN_SOURCES
+from common.data.text import BATCHINGS, parse_buckets
 from common.errors import ConfigError
 from common.workloads import known_models, workload_for
 
@@ -26,8 +27,13 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")
 JAX_PARALLEL = ("sharding", "shard_map", "pmap")
 PIPELINE_SPLIT_STAGE = 3  # stem + layer1..2 | layer3..4 + classifier
+# torch.compile's handling of a new input shape: false = one graph per shape (recompiles up to its limit, then
+# eager), default = torch's own (static first, automatic dynamic from the first recompile), true = dynamic from the
+# start, mark = torch._dynamo.mark_dynamic on the sequence axis of every batch. JAX has one answer: a program a shape.
+COMPILE_DYNAMIC = ("false", "default", "true", "mark")
+TEXT_SOURCES = ("text",)  # a folder of AG News CSVs or JSON Lines (common/data/text.py)
 # twinrun infer's variants, in both frameworks (one that cannot run somewhere is skipped with its reason)
-INFERENCE_VARIANTS = ("eager", "compiled", "folded", "int8", "onnxruntime", "tensorrt")
+INFERENCE_VARIANTS = ("eager", "compiled", "folded", "int8", "int4", "onnxruntime", "tensorrt")
 SCHEDULES = ("cosine", "constant")
 # old field name -> new one: configs stored in earlier result rows and TOML files still read
 RENAMED = {"grad_checkpointing": "remat", "checkpoint_policy": "remat_policy"}
@@ -45,12 +51,17 @@ class RunConfig:
     # transformers: naive = softmax(QK^T/sqrt(d))V written out; fused = F.scaled_dot_product_attention /
     # jax.nn.dot_product_attention (the kernel that ran is in the run's notes)
     attention: str = "fused"
+    max_len: int = 256  # text: tokens kept of a text, its [CLS] included (the position table's length)
     # data
     source: str = "cifar100"
     data: str | None = None
     png: bool = False
     synthetic_size: int = 2048
     image_size: int = 32
+    # text: the padded length of a batch (common/data/text.py): pad-max (the split's longest text), pad-longest (the
+    # batch's longest), bucket (the smallest bucket size that holds the batch's longest)
+    batching: str = "pad-longest"
+    buckets: str = "pow2"  # the bucket sizes: powers of two up to max_len, or a number N for its multiples
     # schedule of the run
     batch_size: int = 128
     steps: int | None = None
@@ -75,6 +86,7 @@ class RunConfig:
     precision: str = "fp32"
     compile: str = "eager"
     torchcompile_mode: str = "default"
+    compile_dynamic: str = "default"  # text: torch.compile and a new sequence length (COMPILE_DYNAMIC above)
     matmul_precision: str = "highest"
     cudnn_benchmark: bool = False
     # XLA_FLAGS the JAX side adds before its backend starts (XLA:CPU's switches: oneDNN, XNNPACK fusion, ...);
@@ -134,7 +146,9 @@ class RunConfig:
         _one_of("norm", self.norm, NORMS)
         _one_of("pool", self.pool, POOLS)
         _one_of("attention", self.attention, ATTENTION_KERNELS)
-        _one_of("source", self.source, KNOWN_SOURCES)
+        _one_of("source", self.source, KNOWN_SOURCES + TEXT_SOURCES)
+        _one_of("batching", self.batching, BATCHINGS)
+        _one_of("compile_dynamic", self.compile_dynamic, COMPILE_DYNAMIC)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("compile", self.compile, COMPILE_MODES)
         _one_of("torchcompile_mode", self.torchcompile_mode, TORCH_COMPILE_MODES)
@@ -204,6 +218,17 @@ class RunConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError("checkpoint_every needs checkpoint_dir")
         _ = self.remat_plan  # validates the remat text
+        self._check_text()
+
+    def _check_text(self) -> None:
+        """A text model reads a text source and an image model an image source; the text knobs are validated."""
+        text_model = workload_for(self.model).family == "text"
+        if text_model != (self.source in TEXT_SOURCES):
+            wanted = "source text (--source text --data FOLDER)" if text_model else "an image source"
+            raise ConfigError(f"model '{self.model}' reads {wanted}; source is '{self.source}'")
+        if self.max_len < 2:
+            raise ConfigError(f"max_len must hold [CLS] and one byte at least, got {self.max_len}")
+        parse_buckets(self.buckets, self.max_len)  # a clear error for bad bucket text
 
     def _check_pipeline(self) -> None:
         """What the 2-stage pipeline does not combine with, each named (it is built on its own, GPipe only)."""

@@ -26,7 +26,7 @@ from common.config import RunConfig
 from common.data.batches import grouped
 from common.errors import ConfigError
 from common.metrics import is_diverged
-from common.results import Evaluation, Memory, RunResult
+from common.results import Compilation, Evaluation, Memory, RunResult
 from common.scalars import Scalars
 from common.schedule import learning_rate
 from common.timing import StepTimer, process_start_perf_counter, process_start_time
@@ -100,7 +100,7 @@ class Profiler(Protocol):
 class Backend(Protocol):
     """One framework's side of a training run, called by ``fit`` in this order: start, loaders, build, then
     to_device + step per step (with loss_scale, save, gather + evaluate at their cadence), then memory,
-    save_weights, graphs_compiled and finish."""
+    save_weights, compilation and finish."""
 
     name: str  # "torch" | "jax"
     version: str
@@ -142,8 +142,9 @@ class Backend(Protocol):
     def save_weights(self, path: str) -> None:
         """The final weights, torch-keyed (.npz), for inference and for the other framework."""
 
-    def graphs_compiled(self) -> int:
-        """Graphs compiled since build (torch.compile frames / jit cache entries)."""
+    def compilation(self) -> Compilation:
+        """Graphs compiled since build (torch.compile graphs / jit cache entries), the seconds they took, and
+        notes (a recompile limit reached)."""
 
     def finish(self, clean: bool) -> None:
         """Leave the run's processes (``clean``: after a finished loop, so every process is there to meet)."""
@@ -242,13 +243,15 @@ def _train(config: RunConfig, backend: Backend, place: Place, scalars: Scalars) 
     memory = backend.memory(first) if first is not None and ok and place.takes_part else Memory()
     if config.save_weights and ok and place.is_main:
         backend.save_weights(config.save_weights)
-    graphs = backend.graphs_compiled() if config.compile == "compiled" else 0
+    compiled = backend.compilation() if config.compile == "compiled" else Compilation()
+    graphs = compiled.graphs
     return RunResult(
         framework=backend.name, status=status, steps_done=step, start_step=start, losses=losses,
         loss_scales=loss_scales, timing=timer.summary(), memory=memory, evals=evals,
         step_elapsed_s=progress.step_elapsed_s, evaluation_s=progress.evaluation_s,
         final_lr=float(learning_rate(updates, config, total_steps, np)), recompiles=max(graphs - 1, 0),
-        graphs_compiled=graphs, notes=notes, device=backend.device, framework_version=backend.version,
+        graphs_compiled=graphs, compile_s=compiled.seconds, notes=[*notes, *compiled.notes], device=backend.device,
+        framework_version=backend.version,
         num_classes=arch.num_classes, synthetic_data=train_source.synthetic, replicas=place.replicas,
         processes=place.processes, process_index=place.rank, profile=profile)
 

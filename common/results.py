@@ -85,6 +85,16 @@ class Evaluation:
 
 
 @dataclass(frozen=True)
+class Compilation:
+    """What a compiled run's framework says of its compilations: graphs (torch.compile's unique graphs, jit's cache
+    entries), seconds spent compiling them, and notes (torch's recompile limit reached: later shapes ran eager)."""
+
+    graphs: int = 0
+    seconds: float | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class RunResult:
     """What one framework's training run reports (process 0 speaks for a run over several processes)."""
 
@@ -102,6 +112,7 @@ class RunResult:
     final_lr: float = NAN
     recompiles: int = 0  # compiled graphs beyond the first
     graphs_compiled: int = 0
+    compile_s: float | None = None  # seconds spent compiling, every graph (a recompile's too); None: not measured
     notes: list[str] = field(default_factory=list)  # techniques accepted with no effect here, and why
     device: str = ""
     framework_version: str = ""

@@ -6,8 +6,9 @@ Flax ``params/layer2_0/downsample_conv/kernel`` (HWIO); BatchNorm ``weight/bias`
 ``running_mean/running_var`` <-> ``batch_stats/.../mean|var``; Linear ``weight`` (out, in) <-> Dense
 ``kernel`` (in, out). The transformer's names are timm's: Flax ``blocks_3/attn/qkv/kernel`` <-> torch
 ``blocks.3.attn.qkv.weight``; LayerNorm ``scale`` <-> ``weight``; ``cls_token`` and ``pos_embed`` keep their names
-and shapes. ``num_batches_tracked`` has no Flax counterpart (torch uses it only when
-momentum is None) and is left as it is.
+and shapes. The text encoder's Flax ``token_embed/embedding`` <-> torch ``token_embed.weight``, both (vocab, width):
+not transposed, unlike a Dense kernel of the same rank. ``num_batches_tracked`` has no Flax counterpart (torch uses
+it only when momentum is None) and is left as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 import numpy as np
 
 FLAX_TO_TORCH_MODULE = {"downsample_conv": "downsample.0", "downsample_bn": "downsample.1"}
-PARAM_NAMES = {"kernel": "weight", "scale": "weight", "bias": "bias"}
+# only a leaf named "kernel" is ever transposed (_to_flax, _to_torch): an "embedding" keeps its (vocab, width)
+PARAM_NAMES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 STAT_NAMES = {"mean": "running_mean", "var": "running_var"}
 NUMBERED = re.compile(r"^(layer\d+|blocks)_(\d+)$")  # Flax's "layer2_0" / "blocks_3" -> torch's "layer2.0" / "blocks.3"
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common.arch import FAMILY, resnet
+from common.arch_text import TEXT_FAMILY, text
 from common.arch_vit import VIT_FAMILY, parse_remat, vit
 from common.errors import ConfigError
 
@@ -51,9 +52,21 @@ def _vit(config: RunConfig, num_classes: int) -> Any:
     return vit(config.model, num_classes=num_classes, image_size=config.image_size, pool=config.pool)
 
 
-def _vit_remat_choices(config: RunConfig) -> tuple[str, ...]:
+def _text(config: RunConfig, num_classes: int) -> Any:
+    return text(config.model, num_classes=num_classes, max_len=config.max_len, pool=config.pool)
+
+
+def _depth(model: str) -> int:
+    return {**VIT_FAMILY, **TEXT_FAMILY}[model][1]
+
+
+def _transformer_remat(config: RunConfig) -> Any:
+    return parse_remat(config.remat, _depth(config.model))
+
+
+def _transformer_remat_choices(config: RunConfig) -> tuple[str, ...]:
     """none, every block's attention (the article's advice), the first half of the blocks whole, every block whole."""
-    depth = VIT_FAMILY[config.model][1]
+    depth = _depth(config.model)
     return "none", "attention", ",".join(str(n) for n in range(1, depth // 2 + 1)), "all"
 
 
@@ -68,6 +81,12 @@ def _vit_summary(config: RunConfig) -> str:
             f"attention {config.attention})")
 
 
+def _text_summary(config: RunConfig) -> str:
+    width, depth, heads = TEXT_FAMILY[config.model]
+    return (f"{config.model} (width {width}, depth {depth}, heads {heads}, max_len {config.max_len}, "
+            f"batching {config.batching}, attention {config.attention})")
+
+
 # A ViT normalises with LayerNorm, which reads each token's own statistics at inference too: nothing to fold.
 VIT_NO_INFERENCE = {"folded": "BatchNorm folding: a ViT has no BatchNorm (its LayerNorms normalise each token by its "
                               "own statistics, at inference as in training), so there is nothing to fold"}
@@ -77,9 +96,12 @@ WORKLOADS: dict[str, Workload] = {
                        remat_choices=lambda config: ("none", "3,4", "all"), pipeline=True, attention=False,
                        summary=_resnet_summary),
     "vit": Workload("vit", tuple(VIT_FAMILY), LOSS, _vit,
-                    remat=lambda config: parse_remat(config.remat, VIT_FAMILY[config.model][1]),
-                    remat_choices=_vit_remat_choices, pipeline=False, attention=True, summary=_vit_summary,
-                    no_inference=VIT_NO_INFERENCE),
+                    remat=_transformer_remat, remat_choices=_transformer_remat_choices, pipeline=False, attention=True,
+                    summary=_vit_summary, no_inference=VIT_NO_INFERENCE),
+    # the same encoder blocks on variable-length byte tokens with a padding mask (common/arch_text.py)
+    "text": Workload("text", tuple(TEXT_FAMILY), LOSS, _text, remat=_transformer_remat,
+                     remat_choices=_transformer_remat_choices, pipeline=False, attention=True, summary=_text_summary,
+                     no_inference={"folded": VIT_NO_INFERENCE["folded"].replace("a ViT", "a text encoder")}),
 }
 
 
@@ -103,6 +125,14 @@ def open_sources(config: RunConfig) -> tuple[Source, Source]:
     """(train source, eval source) for a run; synthetic data gets ``synthetic_size`` images."""
     from common.data import load_source
 
+    if workload_for(config.model).family == "text":
+        from common.data.text import load_text_source
+
+        if config.data is None:
+            raise ConfigError("source text needs --data: a folder of train.csv/test.csv (AG News) or "
+                              "train.jsonl/test.jsonl")
+        return tuple(load_text_source(config.data, split, max_len=config.max_len)  # type: ignore[return-value]
+                     for split in ("train", "test"))
     opts: dict[str, Any] = {}
     if config.source == "synthetic":
         opts = {"size": config.synthetic_size, "num_classes": SYNTHETIC_CLASSES, "seed": config.seed,
@@ -128,4 +158,5 @@ def loader_options(config: RunConfig, train: bool, rank: int = 0, world_size: in
                          pin_memory=config.pin_mem, persistent_workers=config.persistent_workers,
                          device_prefetch=config.device_prefetch, drop_last=config.drop_last and train,
                          seed=config.seed, rank=rank, world_size=world_size,
-                         read_latency_ms=config.read_latency_ms if train else 0.0)
+                         read_latency_ms=config.read_latency_ms if train else 0.0, batching=config.batching,
+                         buckets=config.buckets, max_len=config.max_len)

@@ -17,7 +17,8 @@
 # attention naive / fused, 10 runs: 10 x 8 s starts + JAX 5 x ~20 s jit of 12 blocks (remat and the naive kernel
 # each compile their own program) + 10 x 40 steps x ~40 ms (~1.1 TFLOP a step in fp32) + the shared initial weights
 # and 2 matmul rates ~30 s = ~4 min at worst, ~3 with the faster starts.
-# TIME_TO_ACCURACY=0 leaves the accuracy ladder out, VIT=0 the ViT sweeps; every run has a timeout, so a hang
+# TIME_TO_ACCURACY=0 leaves the accuracy ladder out, VIT=0 the ViT sweeps, TEXT=1 adds the text shapes sweep (opt-in
+# on the GPU: see below); every run has a timeout, so a hang
 # costs that and no more.
 #
 #   experiments/gpu_check.sh [OUT]               # on the GPU: article preset
@@ -41,18 +42,28 @@ if [[ "$PRESET" == "article" ]]; then
     # "first half of the blocks" (the default adds it) to keep the script's minutes
     VIT_MODEL=${VIT_MODEL:-vit-s}; VIT_STEPS=${VIT_STEPS:-$STEPS}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-both}
     VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-"none attention all"}; VIT_ATTENTION=${VIT_ATTENTION:-"naive fused"}
+    # the text shapes study is opt-in here (TEXT=1, ~4.5 more minutes, estimated: 6 torch.compile graphs of
+    # text-tiny ~25 s each, 3 JAX runs, 7 process starts, one epoch of the generated 2,000 texts at batch 128 each)
+    TEXT=${TEXT:-0}; TEXT_MODEL=${TEXT_MODEL:-text-tiny}; TEXT_FRAMEWORK=${TEXT_FRAMEWORK:-both}
+    TEXT_SHAPES=${TEXT_SHAPES:-"pad-max pad-longest pad-longest:mark bucket"}
 else
     STEPS=${STEPS:-3}; TIMEOUT=${TIMEOUT:-600}
     CHECKPOINTING=${CHECKPOINTING:-"none all"}
     DIAGNOSE=(--model resnet18 --width 0.125 --batch-size 16 --compile eager --steps 4 --timing-warmup 1)
     # CI's CPU: the ablations are left out of the tiny ladder (tests/test_ladder_answers.py checks them on planted
-    # rows); the accuracy ladder keeps 2 seeds so that the verdict has a spread
-    ACCURACY=(--rungs amp --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2)
+    # rows); the accuracy ladder keeps 2 seeds so that the verdict has a spread, in torch only: JAX's baseline rung
+    # is eager, op by op, and its 8 runs cost the suite ~150 s (tests/test_curves.py runs JAX to a target)
+    ACCURACY=(--rungs amp --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2
+              --framework "${ACCURACY_FRAMEWORK:-torch}")
     ABLATIONS=--no-ablations
     # CI's CPU: one run per ViT sweep (torch, 2 steps of vit-micro), so that the ViT step costs the test ~15 s;
     # tests/test_vit_driver.py runs the ViT ladder and sweeps in both frameworks
     VIT_MODEL=${VIT_MODEL:-vit-micro}; VIT_STEPS=${VIT_STEPS:-2}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-torch}
     VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-attention}; VIT_ATTENTION=${VIT_ATTENTION:-naive}
+    # CI's CPU: the shapes sweep's two JAX runs (a torch.compile of the encoder costs ~15-30 s a graph here;
+    # tests/test_text_trainers.py counts torch's graphs); TEXT_DATA: a small text set, one epoch each
+    TEXT=${TEXT:-1}; TEXT_MODEL=${TEXT_MODEL:-text-micro}; TEXT_FRAMEWORK=${TEXT_FRAMEWORK:-jax}
+    TEXT_SHAPES=${TEXT_SHAPES:-"pad-max bucket"}
 fi
 # a test hook: extra flags for the accuracy ladder (the suite breaks one rung's LR, a planted accuracy drop)
 read -r -a ACCURACY_EXTRA <<< "${ACCURACY_EXTRA:-}"
@@ -96,6 +107,16 @@ if [[ "${VIT:-1}" != 0 ]]; then
     # shellcheck disable=SC2086
     twinrun sweep attention "${vit[@]}" --name sweep-attention --values $VIT_ATTENTION
 fi
+if [[ "$TEXT" != 0 ]]; then
+    # Variable-length text: batching x compile strategy, one epoch each (TEXT_DATA: a folder of AG News CSVs or
+    # JSON Lines; default: the generated 2,000 texts)
+    text_data=()
+    if [[ -n "${TEXT_DATA:-}" ]]; then text_data=(--data "$TEXT_DATA"); fi
+    stamp "text ($TEXT_MODEL) sweep shapes: $TEXT_SHAPES"
+    # shellcheck disable=SC2086
+    twinrun sweep shapes --preset "$PRESET" --model "$TEXT_MODEL" --framework "$TEXT_FRAMEWORK" --repeats 1 \
+        --results "$OUT/text" --timeout "$TIMEOUT" --name sweep-shapes --values $TEXT_SHAPES "${text_data[@]}"
+fi
 stamp "done; reports: $OUT/ladder/report.md $OUT/ladder-accuracy/report.md $OUT/sweep-checkpointing/report.md" \
-      "$OUT/vit/sweep-checkpointing/report.md $OUT/vit/sweep-attention/report.md"
+      "$OUT/vit/sweep-checkpointing/report.md $OUT/vit/sweep-attention/report.md $OUT/text/sweep-shapes/report.md"
 exit "$incomplete"

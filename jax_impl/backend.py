@@ -15,14 +15,14 @@ import numpy as np
 from common.config import RunConfig
 from common.loop import Place
 from common.loop import fit as run_loop
-from common.results import Evaluation, Memory, RunResult
+from common.results import Compilation, Evaluation, Memory, RunResult
 from common.weights import flax_to_torch, save_torch_keyed
 from common.workloads import loader_options
 from jax_impl import checkpoint as ckpt
 from jax_impl import parallel, pipeline
 from jax_impl.data import make_loader
 from jax_impl.profiling import StepProfiler
-from jax_impl.techniques import LossScale, apply_flags
+from jax_impl.techniques import LossScale, apply_flags, compile_seconds
 from jax_impl.train import (
     TrainState,
     evaluate,
@@ -96,6 +96,7 @@ class Backend:
         if config.pipeline_stages > 1:
             state = pipeline.place(mesh, state)
         self.state = self.whole = state
+        self.compile_s_before = compile_seconds()
         return start, notes
 
     def to_device(self, group: Sequence[Batch]) -> Sequence[Batch]:
@@ -145,9 +146,10 @@ class Backend:
     def save_weights(self, path: str) -> None:
         save_torch_keyed(path, flax_to_torch({"params": self.whole.params, "batch_stats": self.whole.batch_stats}))
 
-    def graphs_compiled(self) -> int:
+    def compilation(self) -> Compilation:
         cache_size = getattr(self.step_fn, "_cache_size", None)  # jit's count of compiled shapes (pmap has none)
-        return cache_size() if cache_size else 0
+        return Compilation(graphs=cache_size() if cache_size else 0,
+                           seconds=compile_seconds() - self.compile_s_before)
 
     def finish(self, clean: bool) -> None:
         self.scope.close()

@@ -7,7 +7,7 @@ batches already transferred to the device: JAX's analogue of pinned memory + pre
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import grain
@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from absl import flags
 
-from common.data import BatchMaker, Source, make_sampler
+from common.data import Source
+from common.data.batches import loader_sampler, make_batch_maker
 from common.data.loader_options import LoaderOptions
 from common.timing import time_batches
 
@@ -28,7 +29,7 @@ if not flags.FLAGS.is_parsed():
 class _EpochBatch:
     """Picklable map function for grain workers: indices -> (images NHWC, labels)."""
 
-    maker: BatchMaker
+    maker: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]  # common.data.batches.make_batch_maker
     epoch: int
 
     def __call__(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -51,9 +52,8 @@ class JaxLoader:
 
     def __init__(self, source: Source, options: LoaderOptions, train: bool) -> None:
         self.options = options
-        self.sampler = make_sampler(source, options.batch_size, options.seed, train, options.drop_last,
-                                    options.rank, options.world_size)
-        self.maker = BatchMaker(source, train=train, seed=options.seed, read_latency_ms=options.read_latency_ms)
+        self.sampler = loader_sampler(source, options, train)
+        self.maker = make_batch_maker(source, options, train)
 
     def __len__(self) -> int:
         return len(self.sampler)

@@ -1,7 +1,9 @@
 """Inference variants on the JAX side; torch_impl/inference.py mirrors them.
 
-Every variant is a callable from a host NHWC float32 batch to host logits (numpy), so the caller times
-what a server sees (copy in, forward, copy out; the copy out synchronizes) the same way for both sides.
+Every variant is a callable from a host batch (NHWC float32 images, or int32 tokens (batch, length) padded with 0)
+to host logits (numpy), so the caller times what a server sees (copy in, forward, copy out; the copy out
+synchronizes) the same way for both sides. A jitted variant compiles one program per input shape: with text, one per
+distinct padded length (the config's batching decides how many), counted by ``compile_counts``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ from jax_impl.train import build as build_model
 from jax_impl.train import make_model as make_train_model
 
 Predict = Callable[[np.ndarray], np.ndarray]
+
+# INT4 weight-only, torch_impl/inference.py's twin: qwix (Google's JAX quantization library) post-training
+# quantization of every dot's weight to int4, one scale per INT4_GROUP input channels; the text encoder only.
+INT4_FAMILIES = ("text",)
+INT4_GROUP = 32
+QWIX_PIP = "pip install qwix==0.1.8"  # the version checked against jax 0.10.2 / flax 0.12.8 on this CPU
 
 
 class Unavailable(Exception):
@@ -89,7 +97,21 @@ def _host(fn: Callable[[jax.Array], jax.Array]) -> Predict:
     def predict(images: np.ndarray) -> np.ndarray:
         return np.asarray(fn(jax.device_put(images)), np.float32)  # the copy out waits for the device
 
+    predict.jitted = fn  # type: ignore[attr-defined]  # compile_counts reads its cache
     return predict
+
+
+def compile_counts(predict: Predict) -> dict[str, int]:
+    """Programs the variant's jitted function holds (one per input shape seen), for the caller to difference
+    around a warm-up; nothing for a variant that is not jitted (op by op)."""
+    size = getattr(getattr(predict, "jitted", None), "_cache_size", None)
+    return {"programs": int(size())} if callable(size) else {}
+
+
+def _example(config: RunConfig, arch: Any) -> jax.Array:
+    if arch.family == "text":
+        return jnp.ones((1, arch.max_len), jnp.int32)
+    return jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
 
 
 def _inference_model(config: RunConfig, arch: Any, dtype: str, folded: bool) -> Model:
@@ -115,6 +137,29 @@ def _int8(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: An
                                           f"activations, on {device}")
 
 
+def _int4(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
+    """qwix PTQ: the model's dots intercepted (no change to the model), each weight int4 with per-group scales, the
+    activations fp32. Raises Unavailable without qwix."""
+    if arch.family not in INT4_FAMILIES:
+        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.family}: not here)")
+    try:
+        import qwix
+    except ImportError as exc:
+        raise Unavailable(f"qwix is not installed ({exc}); {QWIX_PIP}") from None
+    model = _inference_model(config, arch, "fp32", folded=False)
+    rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int4, tile_size=INT4_GROUP)
+    ptq = qwix.quantize_model(model, qwix.PtqProvider([rule]))
+    abstract = jax.eval_shape(ptq.init, jax.random.key(0), _example(config, arch))["params"]
+    params = qwix.quantize_params(jax.tree.map(jnp.asarray, variables["params"]), abstract)
+
+    def int4_forward(tokens: jax.Array) -> jax.Array:
+        return ptq.apply({"params": params}, tokens)
+
+    return _host(jax.jit(int4_forward)), (f"qwix {qwix.__version__} INT4 weight-only PTQ of every dense kernel "
+                                          f"(symmetric, group {INT4_GROUP}; int4 values and their scales taken into "
+                                          f"the jitted dots by qwix's dot_general), fp32 activations, on {device}")
+
+
 def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
@@ -131,7 +176,8 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
 
         return _host(op_by_op), f"op by op (jax.disable_jit) fp32 on {device}"
     if name == "compiled":
-        return _host(jax.jit(forward)), f"jax.jit fp32 on {device}"
+        per_shape = ": one program per padded length" if arch.family == "text" else ""
+        return _host(jax.jit(forward)), f"jax.jit fp32 on {device}{per_shape}"
     if name == "folded":
         if not variables.get("batch_stats"):
             raise Unavailable("the model has no BatchNorm statistics to fold")
@@ -141,6 +187,8 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
             f"conv+BN folded into the conv weights, jax.jit fp32 on {device}"
     if name == "int8":
         return _int8(config, arch, variables, device)
+    if name == "int4":
+        return _int4(config, arch, variables, device)
     if name == "onnxruntime":
         raise Unavailable("no maintained JAX -> ONNX exporter without TensorFlow (jax2tf + tf2onnx); "
                           "JAX's own deployment path is jax.export (StableHLO)")

@@ -234,5 +234,9 @@ def make_model(arch: ResNetArch, dtype: Any = jnp.float32, checkpoint_stages: Se
                   checkpoint_policy=checkpoint_policy, bn_axis_name=bn_axis_name)
 
 
-def init_variables(model: ResNet, key: jax.Array, image_size: int = 32) -> dict[str, Any]:
+def init_variables(model: Any, key: jax.Array, image_size: int = 32) -> dict[str, Any]:
+    """The variables of a model of any family, from an example input of its kind (only its shape matters: a text
+    encoder's position table has max_len rows whatever the example's length)."""
+    if model.arch.family == "text":
+        return model.init(key, jnp.ones((1, 2), jnp.int32), train=False)  # [CLS] and one token: no text is empty
     return model.init(key, jnp.zeros((1, image_size, image_size, 3), jnp.float32), train=False)

@@ -15,6 +15,25 @@ COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16
 MATMUL_PRECISION = {"highest": "float32", "high": "tensorfloat32", "medium": "bfloat16"}
 
 
+# jax.monitoring's duration events of one compilation: tracing to a jaxpr, lowering to MLIR, XLA's compile
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+_compile_s = [0.0]
+
+
+def _count_compile(event: str, duration_s: float, **_: Any) -> None:
+    if event in COMPILE_EVENTS:
+        _compile_s[0] += duration_s
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def compile_seconds() -> float:
+    """Seconds JAX has spent compiling in this process (every jit program: a new shape's too)."""
+    return _compile_s[0]
+
+
 def apply_flags(config: RunConfig) -> list[str]:
     """Sets JAX's default matmul precision explicitly (its GPU default is not full fp32); returns notes."""
     jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[config.matmul_precision])
@@ -28,6 +47,9 @@ def apply_flags(config: RunConfig) -> list[str]:
         notes.append("pin_mem: a torch flag; the JAX analogue is device_prefetch")
     if config.channels_last:
         notes.append("channels_last: a torch flag; Flax is NHWC already")
+    if config.compile_dynamic != "default":
+        notes.append(f"compile_dynamic={config.compile_dynamic}: a torch.compile setting; jax.jit compiles a program "
+                     f"per input shape (bucketing is how JAX bounds them)")
     return notes
 
 

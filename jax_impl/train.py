@@ -15,7 +15,7 @@ import optax
 from common.config import RunConfig
 from common.schedule import learning_rate
 from common.weights import load_torch_keyed, torch_to_flax
-from jax_impl import parallel, transformer
+from jax_impl import parallel, text, transformer
 from jax_impl.models import init_variables
 from jax_impl.models import make_model as build_resnet
 from jax_impl.techniques import (
@@ -41,9 +41,10 @@ Model = Any  # a Flax module of one family (jax_impl/models.py, jax_impl/transfo
 
 def build(config: RunConfig, arch: Any) -> Model:
     """The model of ``arch``'s family (common/workloads.py) with the run's techniques set on it."""
-    if arch.family == "vit":
-        return transformer.make_model(arch, dtype=compute_dtype(config), attention=config.attention,
-                                      remat=config.remat_plan, policy=config.remat_policy)
+    if arch.family in ("vit", "text"):
+        family = transformer if arch.family == "vit" else text
+        return family.make_model(arch, dtype=compute_dtype(config), attention=config.attention,
+                                 remat=config.remat_plan, policy=config.remat_policy)
     return build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.remat_plan,
                         checkpoint_policy=config.remat_policy, bn_axis_name=parallel.bn_axis_name(config))
 
@@ -63,7 +64,7 @@ def make_model(config: RunConfig, arch: Any) -> tuple[Model, dict[str, Any]]:
 
 def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
     """Which attention kernel this run's transformer runs (torch_impl/train.py says the same of torch's)."""
-    if arch.family != "vit":
+    if arch.family not in ("vit", "text"):
         unused = config.attention != "fused"
         return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
     if config.attention == "naive":
@@ -76,7 +77,8 @@ def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
                 "fp32 dot that XLA here cannot compile)"]
     if implementation == "cudnn" and config.precision not in ("bf16", "fp16"):
         implementation = "xla"
-    return [f"attention: fused, jax.nn.dot_product_attention ran its {implementation} implementation"]
+    masked = " with the padding mask" if arch.family == "text" else ""
+    return [f"attention: fused, jax.nn.dot_product_attention ran its {implementation} implementation{masked}"]
 
 
 def make_optimizer(config: RunConfig, total_steps: int) -> optax.GradientTransformation:

@@ -9,6 +9,9 @@ Where JAX must say what torch autocast does by itself (the article's mixed-preci
 - The residual stream stays fp32 (position embeddings are fp32; a lower-precision branch output is promoted when
   added), as in torch.
 Known traps set explicitly: exact (erf) GELU (``nn.gelu`` defaults to tanh), LayerNorm epsilon from the description.
+
+Attention takes an optional key-padding mask (bool (batch, tokens), True = a real token; jax_impl/text.py passes
+it), as torch_impl's: padded keys get no attention weight, exactly. ``None`` keeps the ViT's unmasked path.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from common.arch_text import BlockArch
 from common.arch_vit import RematPlan, TransformerArch
 
 NO_REMAT = RematPlan()
@@ -28,11 +32,21 @@ INIT_STD = 0.02
 trunc_init = nn.initializers.truncated_normal(INIT_STD)  # +-2 std, as torch_impl's trunc_normal_(a, b)
 
 
-def naive_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
-    """softmax(q k^T / sqrt(d)) v written out on (batch, tokens, heads, head_dim) arrays; softmax in fp32."""
+def naive_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """softmax(q k^T / sqrt(d)) v written out on (batch, tokens, heads, head_dim) arrays; softmax in fp32. ``mask``:
+    bool (batch, tokens), True = a real key."""
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
-    weights = jax.nn.softmax(scores.astype(jnp.promote_types(scores.dtype, jnp.float32)), axis=-1).astype(v.dtype)
+    scores = scores.astype(jnp.promote_types(scores.dtype, jnp.float32))
+    if mask is not None:
+        # as torch_impl: the most negative finite value of the softmax dtype, whose exp is exactly 0
+        scores = jnp.where(key_mask(mask), scores, jnp.finfo(scores.dtype).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def key_mask(mask: jax.Array) -> jax.Array:
+    """(batch, tokens) -> (batch, 1, 1, tokens): the same keys for every head and query."""
+    return mask[:, None, None, :]
 
 
 def fused_implementation() -> str:
@@ -41,18 +55,24 @@ def fused_implementation() -> str:
     return "cudnn" if jax.devices()[0].platform == "gpu" else "xla"
 
 
-def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def fused_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     if q.dtype == jnp.float64:  # the XLA implementation rounds fp64 scores to fp32 for its softmax
-        return naive_attention(q, k, v)
+        return naive_attention(q, k, v, mask)
     implementation = fused_implementation()
     if q.dtype == jnp.float16 and implementation != "cudnn":
         # its XLA implementation asks dot_general for precision F16_F16_F32, which XLA:CPU (and TPU) reject when the
         # program is compiled (its try/except sees only tracing): every fp16 run failed here. The same three
         # operations, written out, softmax in fp32.
-        return naive_attention(q, k, v)
+        return naive_attention(q, k, v, mask)
     if implementation == "cudnn" and q.dtype not in (jnp.float16, jnp.bfloat16):
         implementation = "xla"  # cuDNN's kernel takes half-precision inputs only
-    return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    if mask is None:
+        return jax.nn.dot_product_attention(q, k, v, implementation=implementation)
+    # True = attend, broadcast against (batch, heads, queries, keys). Broadcast over the queries here: the cuDNN
+    # implementation turns the mask into a bias whose query length must equal the queries' (jax 0.10's check_layout)
+    batch, tokens = mask.shape
+    mask = jnp.broadcast_to(key_mask(mask), (batch, 1, tokens, tokens))
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
 
 
 def layer_norm(x: jax.Array, epsilon: float, name: str) -> jax.Array:
@@ -66,22 +86,23 @@ def layer_norm(x: jax.Array, epsilon: float, name: str) -> jax.Array:
 
 
 class Attention(nn.Module):
-    arch: TransformerArch
+    arch: BlockArch
     kernel: str = "fused"
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """``mask``: bool (batch, tokens), True = a real token; None attends to every token."""
         arch = self.arch
         batch, tokens, width = x.shape
         qkv = _dense(3 * width, self.dtype, "qkv")(x).reshape(batch, tokens, 3, arch.heads, arch.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (batch, tokens, heads, head_dim) each
-        out = fused_attention(q, k, v) if self.kernel == "fused" else naive_attention(q, k, v)
+        out = fused_attention(q, k, v, mask) if self.kernel == "fused" else naive_attention(q, k, v, mask)
         return _dense(width, self.dtype, "proj")(out.reshape(batch, tokens, width))
 
 
 class Mlp(nn.Module):
-    arch: TransformerArch
+    arch: BlockArch
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -91,19 +112,19 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    arch: TransformerArch
+    arch: BlockArch
     kernel: str = "fused"
     dtype: Any = jnp.float32
     remat_attention: bool = False
     policy: str = "nothing_saveable"
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         attention = Attention
         if self.remat_attention:
             attention = nn.remat(Attention, policy=getattr(jax.checkpoint_policies, self.policy))
         eps = self.arch.norm_eps
-        x = x + attention(self.arch, self.kernel, self.dtype, name="attn")(layer_norm(x, eps, "norm1"))
+        x = x + attention(self.arch, self.kernel, self.dtype, name="attn")(layer_norm(x, eps, "norm1"), mask)
         return x + Mlp(self.arch, self.dtype, name="mlp")(layer_norm(x, eps, "norm2"))
 
 

@@ -37,3 +37,11 @@ def cifar100_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def cifar10_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_cifar_archive(tmp_path_factory.mktemp("cifar10"), kind="cifar10", n_train=500, n_test=100, seed=2)
+
+
+@pytest.fixture(scope="session")
+def text_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """AG News's CSV layout, 4 classes, long-tailed lengths (common/data/fixtures.py): 320 train, 64 test texts."""
+    from common.data.fixtures import write_text_fixture
+
+    return write_text_fixture(tmp_path_factory.mktemp("agnews"), fmt="agnews", n_train=320, n_test=64, seed=3)

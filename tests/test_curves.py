@@ -24,7 +24,7 @@ from common.config import RunConfig
 from common.data.fixtures import write_cifar_archive
 from common.errors import ConfigError
 from common.loop import Place, fit
-from common.results import NAN, Evaluation, Memory, RunRecord, RunResult
+from common.results import NAN, Compilation, Evaluation, Memory, RunRecord, RunResult
 from common.schedule import learning_rate
 from common.timing import process_start_time
 from experiments.reporting.accuracy import time_to_target, verdict
@@ -109,8 +109,8 @@ class _Scripted:
 
     def save_weights(self, path: str) -> None: ...
 
-    def graphs_compiled(self) -> int:
-        return 0
+    def compilation(self) -> Compilation:
+        return Compilation()
 
     def finish(self, clean: bool) -> None: ...
 

@@ -11,14 +11,21 @@ import torch
 from common.config import RunConfig
 from common.loop import Place
 from common.loop import fit as run_loop
-from common.results import Evaluation, Memory, RunResult
+from common.results import Compilation, Evaluation, Memory, RunResult
 from common.weights import save_torch_keyed
 from common.workloads import loader_options
 from torch_impl import checkpoint as ckpt
 from torch_impl import parallel, pipeline
 from torch_impl.data import make_loader, synchronize
 from torch_impl.profiling import StepProfiler
-from torch_impl.techniques import apply_flags, compile_counter, make_grad_scaler
+from torch_impl.techniques import (
+    apply_flags,
+    compile_counter,
+    compile_seconds,
+    make_grad_scaler,
+    recompile_limit_hits,
+    recompile_limit_notes,
+)
 from torch_impl.train import (
     evaluate,
     kernel_notes,
@@ -79,7 +86,8 @@ class Backend:
         start = self._restore() if config.resume else 0
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        self.compiles_before = compile_counter()
+        self.compiles_before, self.compile_s_before = compile_counter(), compile_seconds()
+        self.limit_hits_before = recompile_limit_hits()
         return start, notes
 
     def _restore(self) -> int:
@@ -132,8 +140,10 @@ class Backend:
         save_torch_keyed(path, {k: v.detach().cpu().numpy() for k, v in self.model.state_dict().items()
                                 if v.is_floating_point()})
 
-    def graphs_compiled(self) -> int:
-        return compile_counter() - self.compiles_before
+    def compilation(self) -> Compilation:
+        return Compilation(graphs=compile_counter() - self.compiles_before,
+                           seconds=compile_seconds() - self.compile_s_before,
+                           notes=tuple(recompile_limit_notes(recompile_limit_hits() - self.limit_hits_before)))
 
     def finish(self, clean: bool) -> None:
         if clean:  # after a failure the other ranks may never reach the barrier

@@ -7,13 +7,14 @@ grain pipeline on the JAX side, and the DataLoader knobs are passed straight thr
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from common.data import BatchMaker, EpochSampler, Source, make_sampler
+from common.data import EpochSampler, Source
+from common.data.batches import loader_sampler, make_batch_maker
 from common.data.loader_options import LoaderOptions
 from common.timing import time_batches
 
@@ -21,14 +22,17 @@ BatchKey = tuple[int, np.ndarray]
 
 
 def to_nchw(images: np.ndarray) -> torch.Tensor:
-    """The shared pipeline's NHWC float32 batch as torch's NCHW tensor (on the CPU)."""
+    """The shared pipeline's NHWC float32 batch as torch's NCHW tensor (on the CPU); a text batch's tokens
+    (batch, length) as they are."""
+    if images.ndim == 2:
+        return torch.from_numpy(images)
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
 
 
 class BatchDataset(Dataset):
-    """``dataset[(epoch, indices)]`` -> (images NCHW float32, labels int64) for one batch."""
+    """``dataset[(epoch, indices)]`` -> (images NCHW float32 or tokens, labels int64) for one batch."""
 
-    def __init__(self, maker: BatchMaker) -> None:
+    def __init__(self, maker: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]) -> None:
         self.maker = maker
 
     def __getitem__(self, key: BatchKey) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
@@ -62,8 +66,7 @@ class TorchLoader:
 
     def __init__(self, source: Source, options: LoaderOptions, train: bool) -> None:
         self.options = options
-        self.sampler = make_sampler(source, options.batch_size, options.seed, train, options.drop_last,
-                                    options.rank, options.world_size)
+        self.sampler = loader_sampler(source, options, train)
         self.batch_sampler = EpochBatchSampler(self.sampler)
         extra = {}
         if options.workers > 0:
@@ -73,7 +76,7 @@ class TorchLoader:
                 # measured runs are one framework per process and keep torch's default fork).
                 extra["multiprocessing_context"] = "spawn"
         self.loader = DataLoader(
-            BatchDataset(BatchMaker(source, train=train, seed=options.seed, read_latency_ms=options.read_latency_ms)),
+            BatchDataset(make_batch_maker(source, options, train)),
             batch_size=None,  # the dataset already returns whole batches
             sampler=self.batch_sampler,
             num_workers=options.workers,

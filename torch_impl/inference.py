@@ -1,13 +1,15 @@
 """Inference variants on the torch side; jax_impl/inference.py mirrors them.
 
-Every variant is a callable from a host NHWC float32 batch to host logits (numpy), so the caller times
-what a server sees (copy in, forward, copy out; the copy out synchronizes) the same way for both sides.
+Every variant is a callable from a host batch (NHWC float32 images, or int32 tokens (batch, length) padded with 0)
+to host logits (numpy), so the caller times what a server sees (copy in, forward, copy out; the copy out
+synchronizes) the same way for both sides.
 """
 
 from __future__ import annotations
 
 import copy
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ import torch
 
 from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
+from common.data.text import CLS
 from torch_impl.data import default_device, synchronize, to_nchw
+from torch_impl.techniques import compile_counter, compiled, recompile_limit_hits
 from torch_impl.train import make_model
 
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -31,7 +35,15 @@ class Unavailable(Exception):
 # ViT's fp32 LayerNorm (its torch.autocast(x.device.type) guard: "Expected `device_type` of type `str`, got:
 # torch.fx.proxy.Attribute"); a transformer's compute is its Linear layers, which dynamic quantization covers
 # without tracing.
-INT8_METHODS = {"resnet": "static", "vit": "dynamic"}
+INT8_METHODS = {"resnet": "static", "vit": "dynamic", "text": "dynamic"}
+
+# INT4 weight-only: torchao's IntxWeightOnlyConfig, the CPU path of its current releases (0.18: Int4WeightOnlyConfig's
+# CPU packing "opaque" was removed after 0.14, and its other packings need CUDA, bf16 or the mslk kernels). The text
+# encoder only, the family it was checked on, in both frameworks (a ResNet's compute is its convolutions, which
+# these weight-only configs do not cover).
+INT4_FAMILIES = ("text",)
+INT4_GROUP = 32  # input channels sharing one scale: divides every text encoder's width and MLP width
+TORCHAO_PIP = "pip install torchao==0.18.0"  # the version checked against torch 2.14.1 on this CPU
 
 
 def load_model(config: RunConfig, arch: Any, weights: str | None, device: torch.device) -> torch.nn.Module:
@@ -85,11 +97,53 @@ def _int8(model: torch.nn.Module, arch: Any, calibration: list[np.ndarray]) -> t
     return _predictor(quantize_int8(model, calibration), cpu), note
 
 
+def quantize_int4(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+    """INT4 weight-only of every Linear layer with torchao (symmetric, one scale per INT4_GROUP input channels; the
+    activations stay fp32 and each weight is dequantized in the forward), and torchao's version. Raises Unavailable
+    without torchao."""
+    try:
+        import torchao
+        from torchao.quantization import IntxWeightOnlyConfig, quantize_
+        from torchao.quantization.granularity import PerGroup
+    except ImportError as exc:
+        raise Unavailable(f"torchao is not installed, or too old for IntxWeightOnlyConfig ({exc}); {TORCHAO_PIP}") \
+            from None
+    model = copy.deepcopy(model).cpu().eval()
+    quantize_(model, IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(INT4_GROUP)))
+    return model, torchao.__version__
+
+
+def _int4(model: torch.nn.Module, arch: Any) -> tuple[Predict, str]:
+    if arch.family not in INT4_FAMILIES:
+        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.family}: not here)")
+    quantized, version = quantize_int4(model)
+    return _predictor(quantized, torch.device("cpu")), (
+        f"torchao {version} INT4 weight-only of the Linear layers (IntxWeightOnlyConfig, symmetric, group "
+        f"{INT4_GROUP}; int4 values held in int8 and dequantized per call: no packed int4 CPU kernel), fp32 "
+        f"activations, CPU")
+
+
 def export_onnx(model: torch.nn.Module, path: Path, image_size: int) -> Path:
     """ONNX with a dynamic batch axis (TorchScript exporter: the dynamo one needs onnxscript)."""
     example = torch.zeros(1, 3, image_size, image_size)
     torch.onnx.export(copy.deepcopy(model).cpu().eval(), (example,), str(path), dynamo=False, input_names=["images"],
                       output_names=["logits"], dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+    return path
+
+
+def export_text_onnx(model: torch.nn.Module, path: Path, max_len: int) -> Path:
+    """A text encoder as ONNX with dynamic batch and sequence axes over int32 tokens (what the batch maker makes;
+    the embedding's Gather takes them as they are). The padding mask (tokens != 0) is computed inside the graph
+    from the tokens, as in the model, so the graph takes tokens alone. The traced example is 2 x 16 (< max_len):
+    the sequence axis must not be specialised to max_len, and 2 rows keep the batch axis from folding to 1."""
+    example = torch.full((2, min(16, max_len)), CLS + 1, dtype=torch.int32)
+    example[:, 0] = CLS
+    with warnings.catch_warnings():
+        # the model's shape check (check_tokens_shape) is Python on traced sizes: evaluated once, as intended
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(copy.deepcopy(model).cpu().eval(), (example,), str(path), dynamo=False,
+                          input_names=["tokens"], output_names=["logits"],
+                          dynamic_axes={"tokens": {0: "batch", 1: "sequence"}, "logits": {0: "batch"}})
     return path
 
 
@@ -107,6 +161,41 @@ def _predictor(module: Callable[[torch.Tensor], torch.Tensor], device: torch.dev
     return predict
 
 
+def compile_counts(predict: Predict) -> dict[str, int]:
+    """Running counts of this process's torch.compile work (graphs compiled, frames that reached the recompile limit
+    and run eagerly for new shapes since): the caller takes their difference around a warm-up."""
+    return {"graphs": compile_counter(), "recompile-limit hits": recompile_limit_hits()}
+
+
+def _onnxruntime(model: torch.nn.Module, config: RunConfig, arch: Any) -> tuple[Predict, str]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise Unavailable("onnxruntime is not installed (pip install onnxruntime)") from None
+    folder = Path(tempfile.mkdtemp(prefix="twinrun-onnx-"))
+    text = arch.family == "text"
+    path = (export_text_onnx(model, folder / "model.onnx", arch.max_len) if text
+            else export_onnx(model, folder / "model.onnx", config.image_size))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = "tokens" if text else "images"
+
+    def predict(batch: np.ndarray) -> np.ndarray:
+        return session.run(["logits"], {feed: to_nchw(np.ascontiguousarray(batch)).numpy()})[0]
+
+    axes = "batch and sequence axes, int32 tokens, the padding mask computed in the graph" if text else "batch axis"
+    return predict, f"ONNX (opset {_opset(path)}, dynamic {axes}) under onnxruntime {ort.__version__}, CPU provider"
+
+
+def _tensorrt_inputs(config: RunConfig, arch: Any, device: torch.device) -> list[Any]:
+    """TensorRT's input specs: one image shape, or int32 tokens with a dynamic batch (1..128) and length."""
+    import torch_tensorrt
+
+    if arch.family == "text":
+        return [torch_tensorrt.Input(min_shape=(1, 1), opt_shape=(1, arch.max_len // 2), max_shape=(128, arch.max_len),
+                                     dtype=torch.int32)]
+    return [torch.zeros(1, 3, config.image_size, config.image_size, device=device)]
+
+
 def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
@@ -114,26 +203,19 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
     model = load_model(config, arch, weights, device)
     if name == "eager":
         return _predictor(model, device), f"eager fp32 on {device}"
+    if name == "compiled" and arch.family == "text":  # the run's shape handling decides how many graphs it makes
+        return _predictor(compiled(config, model), device), (
+            f"torch.compile fp32 (mode {config.torchcompile_mode}, dynamic {config.compile_dynamic}) on {device}")
     if name == "compiled":
         return _predictor(torch.compile(model), device), f"torch.compile fp32 on {device}"
     if name == "folded":
         return _predictor(fold_batchnorm(model), device), f"conv+BN folded (torch.fx fuse), eager fp32 on {device}"
     if name == "int8":
         return _int8(model, arch, calibration)
+    if name == "int4":
+        return _int4(model, arch)
     if name == "onnxruntime":
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            raise Unavailable("onnxruntime is not installed (pip install onnxruntime)") from None
-        folder = Path(tempfile.mkdtemp(prefix="twinrun-onnx-"))
-        session = ort.InferenceSession(str(export_onnx(model, folder / "model.onnx", config.image_size)),
-                                       providers=["CPUExecutionProvider"])
-
-        def predict(images: np.ndarray) -> np.ndarray:
-            return session.run(["logits"], {"images": to_nchw(np.ascontiguousarray(images)).numpy()})[0]
-
-        opset = _opset(folder / "model.onnx")
-        return predict, f"ONNX (opset {opset}) under onnxruntime {ort.__version__}, CPU provider"
+        return _onnxruntime(model, config, arch)
     if name == "tensorrt":
         if device.type != "cuda":
             raise Unavailable("TensorRT needs a CUDA GPU; none here")
@@ -141,8 +223,8 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
             import torch_tensorrt
         except ImportError:
             raise Unavailable("torch_tensorrt is not installed (pip install torch-tensorrt)") from None
-        example = torch.zeros(1, 3, config.image_size, config.image_size, device=device)
-        trt = torch_tensorrt.compile(model, ir="dynamo", inputs=[example], enabled_precisions={torch.float32})
+        trt = torch_tensorrt.compile(model, ir="dynamo", inputs=_tensorrt_inputs(config, arch, device),
+                                     enabled_precisions={torch.float32})
         return _predictor(trt, device), f"TensorRT {torch_tensorrt.__version__} fp32"
     raise ValueError(f"unknown inference variant '{name}'; known: {', '.join(VARIANTS)}")
 

@@ -15,11 +15,12 @@ from common.config import RunConfig
 from common.schedule import learning_rate
 from common.weights import load_torch_keyed, save_torch_keyed
 from common.workloads import arch as describe
-from torch_impl import parallel, transformer
+from torch_impl import parallel, text, transformer
 from torch_impl.models import make_model as build_resnet
 from torch_impl.techniques import (
     AMP_DTYPES,
     autocast,
+    compiled,
     count_saved_bytes,
     param_dtype,
 )
@@ -32,6 +33,8 @@ def build(config: RunConfig, arch: Any) -> torch.nn.Module:
     if arch.family == "vit":
         return transformer.make_model(arch, attention=config.attention, remat=config.remat_plan,
                                       channels_last=config.channels_last)
+    if arch.family == "text":
+        return text.make_model(arch, attention=config.attention, remat=config.remat_plan)
     model = build_resnet(arch, channels_last=config.channels_last)
     model.checkpoint_stages = frozenset(config.remat_plan)
     return model
@@ -50,15 +53,20 @@ def make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.M
 
 def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str]:
     """Which attention kernel this run's transformer runs: --attention's choice and, for fused, the backend
-    F.scaled_dot_product_attention picks for the run's shapes and dtype on this device."""
-    if arch.family != "vit":
+    F.scaled_dot_product_attention picks for the run's shapes and dtype on this device (a text encoder's with its
+    padding mask, which some backends refuse)."""
+    if arch.family not in ("vit", "text"):
         unused = config.attention != "fused"
         return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
     if config.attention == "naive":
         return ["attention: naive (softmax(QK^T/sqrt(d))V written out, softmax in fp32)"]
     dtype = AMP_DTYPES.get(config.precision, param_dtype(config))
-    q = torch.zeros(config.batch_size, arch.heads, arch.tokens, arch.head_dim, device=device, dtype=dtype)
-    return [f"attention: fused, F.scaled_dot_product_attention ran its {transformer.fused_kernel(q, q, q)} kernel"]
+    tokens = arch.max_len if arch.family == "text" else arch.tokens
+    q = torch.zeros(config.batch_size, arch.heads, tokens, arch.head_dim, device=device, dtype=dtype)
+    mask = torch.ones(config.batch_size, tokens, device=device, dtype=torch.bool) if arch.family == "text" else None
+    kernel = transformer.fused_kernel(q, q, q, mask)
+    masked = " with the padding mask" if mask is not None else ""
+    return [f"attention: fused, F.scaled_dot_product_attention ran its {kernel} kernel{masked}"]
 
 
 def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int):
@@ -84,7 +92,7 @@ def make_train_step(config: RunConfig, model: torch.nn.Module, optimizer, schedu
     ``model`` may be DDP-wrapped: its gradients are then all-reduced on the last micro-batch only.
 
     Returns the mean micro-batch loss (a device tensor; the caller synchronizes)."""
-    forward = torch.compile(model, mode=config.torchcompile_mode) if config.compile == "compiled" else model
+    forward = compiled(config, model) if config.compile == "compiled" else model
     k = config.grad_accum_steps
 
     def step(micro_batches: list[tuple[torch.Tensor, torch.Tensor]], inject_inf: bool = False) -> torch.Tensor:
@@ -130,7 +138,10 @@ def evaluate(config: RunConfig, model: torch.nn.Module, loader, device: torch.de
 
 def to_device(config: RunConfig, images: torch.Tensor, labels: torch.Tensor, device: torch.device):
     non_blocking = config.pin_mem and device.type == "cuda"
-    images = images.to(device, non_blocking=non_blocking).to(param_dtype(config))
+    images = images.to(device, non_blocking=non_blocking)
+    if not images.is_floating_point():  # a text batch's token ids: an index, never a value to cast
+        return images, labels.to(device, non_blocking=non_blocking)
+    images = images.to(param_dtype(config))
     if config.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     return images, labels.to(device, non_blocking=non_blocking)

@@ -4,6 +4,10 @@ Flax twin, name for name, so weights transfer one-to-one (common/weights.py).
 Precision (the article's rules, written out rather than left to autocast's op lists): LayerNorm statistics and the
 attention softmax are computed in fp32 whatever the compute dtype; the residual stream stays fp32 (a lower-precision
 branch output added to it is promoted); Linear layers and the attention products run in the autocast dtype.
+
+Attention takes an optional key-padding mask (bool (batch, tokens), True = a real token; torch_impl/text.py passes
+it): padded keys get no attention weight, exactly (exp of the most negative finite score is 0). ``None`` keeps the
+ViT's unmasked path.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from common.arch_text import BlockArch
 from common.arch_vit import RematPlan, TransformerArch
 
 NO_REMAT = RematPlan()
@@ -22,24 +27,50 @@ NO_REMAT = RematPlan()
 INIT_STD = 0.02  # timm's ViT: truncated normal at +-2 std for Linear weights, patch embedding and position embedding
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T / sqrt(d)) v, written out: the scores tensor (batch, heads, tokens, tokens) is materialised,
-    and the softmax runs in fp32 (in fp16 large scores overflow: tests/test_transformer.py shows it)."""
+    and the softmax runs in fp32 (in fp16 large scores overflow: tests/test_transformer.py shows it). ``mask``:
+    bool (batch, tokens), True = a real key."""
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
     # fp32 at least: fp64 stays fp64 (the fp64 parity checks need every step in fp64)
-    weights = torch.softmax(scores.to(torch.promote_types(scores.dtype, torch.float32)), dim=-1).to(v.dtype)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    if mask is not None:
+        # the most negative finite value, not -inf: exp of it is exactly 0 all the same, and a row with no real key
+        # would give a uniform softmax rather than NaN; set in the softmax dtype, where it is representable
+        scores = scores.masked_fill(~key_mask(mask), torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1).to(v.dtype)
     return weights @ v
 
 
-def fused_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+def key_mask(mask: torch.Tensor) -> torch.Tensor:
+    """(batch, tokens) -> (batch, 1, 1, tokens): the same keys for every head and query."""
+    return mask[:, None, None, :]
+
+
+def fused_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> str:
     """The backend F.scaled_dot_product_attention picks for these inputs (flash, memory-efficient, cuDNN or the
-    math fallback): what actually ran, for the run's notes."""
+    math fallback): what actually ran, for the run's notes. Pass the model's padding ``mask`` (bool (batch, tokens))
+    when it has one: not every backend takes a mask, so the choice may differ with it."""
     from torch.nn.attention import SDPBackend
 
+    attn_mask = None if mask is None else key_mask(mask)
     try:
-        return SDPBackend(torch._fused_sdp_choice(q, k, v)).name.lower()
+        return SDPBackend(torch._fused_sdp_choice(q, k, v, attn_mask=attn_mask)).name.lower()
     except Exception as exc:  # a private helper: if it moves, say so rather than guess
         return f"unknown ({type(exc).__name__})"
+
+
+def init_weights(model: nn.Module) -> None:
+    """timm's ViT init, shared with torch_impl/text.py: every weight (embeddings included) from a normal of std
+    INIT_STD truncated at +-2 std, biases 0, LayerNorm scales 1."""
+    for name, param in model.named_parameters():
+        if name.endswith("bias") or ".norm" in f".{name}":
+            continue  # biases 0, LayerNorm scale 1 (torch's defaults for those are zeros / ones already)
+        nn.init.trunc_normal_(param, std=INIT_STD, a=-2 * INIT_STD, b=2 * INIT_STD)
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv2d)) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 class LayerNorm(nn.LayerNorm):
@@ -51,26 +82,28 @@ class LayerNorm(nn.LayerNorm):
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: TransformerArch) -> None:
+    def __init__(self, arch: BlockArch) -> None:
         super().__init__()
         self.heads = arch.heads
         self.qkv = nn.Linear(arch.width, 3 * arch.width)
         self.proj = nn.Linear(arch.width, arch.width)
         self.kernel = "fused"  # or "naive": set by make_model from the run's --attention
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: bool (batch, tokens), True = a real token; None attends to every token."""
         batch, tokens, width = x.shape
         # (batch, tokens, 3 * width) read as (3, heads, head_dim): q, k, v of shape (batch, heads, tokens, head_dim)
         q, k, v = self.qkv(x).reshape(batch, tokens, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
         if self.kernel == "fused":
-            out = F.scaled_dot_product_attention(q, k, v)
+            # a bool attn_mask: True takes part in attention, as ours
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else key_mask(mask))
         else:
-            out = naive_attention(q, k, v)
+            out = naive_attention(q, k, v, mask)
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, width))
 
 
 class Mlp(nn.Module):
-    def __init__(self, arch: TransformerArch) -> None:
+    def __init__(self, arch: BlockArch) -> None:
         super().__init__()
         self.fc1 = nn.Linear(arch.width, arch.hidden)
         self.fc2 = nn.Linear(arch.hidden, arch.width)
@@ -80,7 +113,7 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, arch: TransformerArch) -> None:
+    def __init__(self, arch: BlockArch) -> None:
         super().__init__()
         self.norm1 = LayerNorm(arch.width, eps=arch.norm_eps)
         self.attn = Attention(arch)
@@ -88,12 +121,12 @@ class Block(nn.Module):
         self.mlp = Mlp(arch)
         self.remat_attention = False
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         h = self.norm1(x)
         if self.remat_attention and self.training:
-            x = x + checkpoint(self.attn, h, use_reentrant=False)
+            x = x + checkpoint(self.attn, h, mask, use_reentrant=False)
         else:
-            x = x + self.attn(h)
+            x = x + self.attn(h, mask)
         return x + self.mlp(self.norm2(x))
 
 
@@ -112,13 +145,7 @@ class VisionTransformer(nn.Module):
         self._init_weights()
 
     def _init_weights(self) -> None:
-        for name, param in self.named_parameters():
-            if name.endswith("bias") or ".norm" in f".{name}":
-                continue  # biases 0, LayerNorm scale 1 (torch's defaults for those are zeros / ones already)
-            nn.init.trunc_normal_(param, std=INIT_STD, a=-2 * INIT_STD, b=2 * INIT_STD)
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Conv2d)) and module.bias is not None:
-                nn.init.zeros_(module.bias)
+        init_weights(self)
 
     def set_remat(self, plan: RematPlan) -> None:
         self.remat_blocks = frozenset(plan.blocks)

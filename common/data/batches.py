@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
 
 from common.data.augment import channel_stats, eval_transform, train_transform
-from common.data.sampler import EpochSampler
+from common.data.loader_options import LoaderOptions
+from common.data.sampler import EpochSampler, LengthBucketSampler
 from common.data.sources import Source
 
 
@@ -43,6 +44,33 @@ class BatchMaker:
         return images, labels
 
 
+def make_batch_maker(source: Source, options: LoaderOptions, train: bool) -> Callable[[int, np.ndarray], Batch]:
+    """The one batch maker of ``source`` for both frameworks' loaders: images (augmented in training) or token
+    batches padded per ``options.batching`` (a text source: common/data/text.py)."""
+    from common.data.text import TextBatchMaker, TextSource, parse_buckets
+
+    if isinstance(source, TextSource):
+        # the buckets end at the split's longest text (pad-max's length): no bucket pads beyond what pad-max does
+        return TextBatchMaker(source, train=train, seed=options.seed, read_latency_ms=options.read_latency_ms,
+                              batching=options.batching, buckets=parse_buckets(options.buckets, source.longest),
+                              pad_to=source.longest)
+    return BatchMaker(source, train=train, seed=options.seed, read_latency_ms=options.read_latency_ms)
+
+
+def loader_sampler(source: Source, options: LoaderOptions, train: bool) -> EpochSampler | LengthBucketSampler:
+    """The sampler both frameworks' loaders read: ``make_sampler``'s, except for a text source's training split
+    under bucket batching, whose batches are cut within a length bucket (``LengthBucketSampler``)."""
+    from common.data.text import TextSource, parse_buckets
+
+    if train and isinstance(source, TextSource) and options.batching == "bucket":
+        buckets = np.asarray(parse_buckets(options.buckets, source.longest))
+        return LengthBucketSampler(tuple(int(b) for b in np.searchsorted(buckets, source.lengths)),
+                                   options.batch_size, options.seed, options.drop_last, options.rank,
+                                   options.world_size)
+    return make_sampler(source, options.batch_size, options.seed, train, options.drop_last, options.rank,
+                        options.world_size)
+
+
 def make_sampler(source: Source, batch_size: int, seed: int, train: bool, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1) -> EpochSampler:
     """Training shuffles by (seed, epoch); evaluation walks the split in order."""
@@ -59,6 +87,7 @@ def preview_batches(source: Source, batch_size: int, seed: int, train: bool, cou
 
 
 T = TypeVar("T")
+Batch = tuple[np.ndarray, np.ndarray]  # (images NHWC float32 or tokens int32 (batch, length), labels int32)
 
 
 def grouped(batches: Iterable[T], k: int) -> Iterator[list[T]]:

@@ -206,3 +206,87 @@ def write_cifar_archive(
             _add(tar, f"{layout.folder}/{name}", pickle_bytes(content))
     os.replace(tmp, archive)
     return archive
+
+
+# Text fixtures: the words of the generated sentences. Filler words are shared by every class (some with a comma,
+# quotes or non-ASCII letters, so quoting and UTF-8 are exercised); each class has keywords of its own.
+TEXT_FILLER = (
+    "the", "a", "of", "to", "in", "and", "on", "for", "with", "said", "says", "after", "before", "new", "old",
+    "year", "week", "today", "report", "people", "first", "last", "more", "than", "over", "under", "about",
+    "could", "would", "will", "may", "its", "their", "this", "that", "from", "by", "at", "as", "is", "was",
+    "officials,", "Monday,", "\"major\"", "café", "Zürich", "naïve", "São", "déjà", "—",
+)
+TEXT_KEYWORDS_PER_CLASS = 12
+TEXT_KEYWORD_SHARE = 0.3  # of a sentence's words: enough for a small model to learn, never all of them
+TEXT_WORDS_MEDIAN = 10.0  # lognormal word counts, as real text: most sentences short, a long tail
+TEXT_WORDS_SIGMA = 0.65
+TEXT_STREAM = 0x7E47  # second seed word of the keyword draws
+
+
+def _text_keywords(seed: int, num_classes: int) -> list[list[str]]:
+    """Distinct pseudo-words, TEXT_KEYWORDS_PER_CLASS per class, made of random syllables."""
+    rng = np.random.default_rng((seed, TEXT_STREAM))
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    seen: set[str] = set(TEXT_FILLER)
+    words: list[str] = []
+    while len(words) < num_classes * TEXT_KEYWORDS_PER_CLASS:
+        word = "".join(syllables[i] for i in rng.integers(0, len(syllables), size=int(rng.integers(2, 4))))
+        if word not in seen:
+            seen.add(word)
+            words.append(word)
+    return [words[c * TEXT_KEYWORDS_PER_CLASS : (c + 1) * TEXT_KEYWORDS_PER_CLASS] for c in range(num_classes)]
+
+
+def _text_rows(rng: np.random.Generator, n: int, keywords: list[list[str]],
+               max_words: int) -> list[tuple[int, str, str]]:
+    """(0-based label, title, description) rows: a few words of title, the rest description."""
+    num_classes = len(keywords)
+    labels = np.arange(n) % num_classes  # balanced classes
+    rng.shuffle(labels)
+    counts = np.clip(np.rint(rng.lognormal(np.log(TEXT_WORDS_MEDIAN), TEXT_WORDS_SIGMA, size=n)), 3, max_words)
+    rows = []
+    for label, count in zip(labels, counts.astype(int), strict=True):
+        is_key = rng.random(count) < TEXT_KEYWORD_SHARE
+        key = rng.integers(0, TEXT_KEYWORDS_PER_CLASS, size=count)
+        filler = rng.integers(0, len(TEXT_FILLER), size=count)
+        words = [keywords[label][k] if use else TEXT_FILLER[f] for use, k, f in zip(is_key, key, filler, strict=True)]
+        cut = max(1, min(count // 3, 8))  # titles are short, descriptions carry the rest
+        words[0] = words[0][:1].upper() + words[0][1:]  # a title's capital, the other words as they are
+        rows.append((int(label), " ".join(words[:cut]), " ".join(words[cut:])))
+    return rows
+
+
+def write_text_fixture(folder: str | Path, fmt: str = "agnews", n_train: int = 2000, n_test: int = 500, seed: int = 0,
+                       num_classes: int = 4, max_words: int = 80) -> Path:
+    """Writes a small text classification set in a real format; returns the folder.
+
+    ``fmt="agnews"``: ``train.csv`` / ``test.csv`` as AG News publishes them (no header, every field quoted,
+    classes 1..num_classes, class, title, description). ``fmt="jsonl"``: ``train.jsonl`` / ``test.jsonl`` with
+    ``text`` (title + " " + description) and an integer ``label`` from 0. Each class has its own keywords among
+    shared filler words, so it is learnable; word counts are lognormal (median ~10, clipped to 3..max_words), so
+    byte lengths run from ~20 to a few hundred with a long tail, as real text does. Deterministic by ``seed``.
+    """
+    import csv
+    import json
+
+    if fmt not in ("agnews", "jsonl"):
+        raise DataError(f"unknown text fixture format '{fmt}'; known: agnews, jsonl")
+    if n_train <= 0 or n_test <= 0 or num_classes < 2 or max_words < 3:
+        raise DataError(f"text fixture needs n_train, n_test > 0, num_classes >= 2, max_words >= 3; got {n_train}, "
+                        f"{n_test}, {num_classes}, {max_words}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    keywords = _text_keywords(seed, num_classes)
+    for split, n in (("train", n_train), ("test", n_test)):
+        rows = _text_rows(rng, n, keywords, max_words)
+        if fmt == "agnews":
+            with (folder / f"{split}.csv").open("w", encoding="utf-8", newline="") as stream:
+                writer = csv.writer(stream, quoting=csv.QUOTE_ALL, lineterminator="\n")
+                writer.writerows((label + 1, title, description) for label, title, description in rows)
+        else:
+            with (folder / f"{split}.jsonl").open("w", encoding="utf-8") as stream:
+                for label, title, description in rows:
+                    stream.write(json.dumps({"text": f"{title} {description}", "label": label}, ensure_ascii=False))
+                    stream.write("\n")
+    return folder

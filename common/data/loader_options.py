@@ -24,6 +24,10 @@ class LoaderOptions:
     rank: int = 0
     world_size: int = 1
     read_latency_ms: float = 0.0  # simulated slow storage (network filesystem): a wait per batch read
+    # text sources only (common/data/text.py): how a batch of variable-length texts is padded
+    batching: str = "pad-longest"
+    buckets: str = "pow2"
+    max_len: int = 256
 
     def __post_init__(self) -> None:
         if self.batch_size <= 0:

@@ -67,3 +67,56 @@ class EpochSampler:
     def indices(self, epoch: int) -> np.ndarray:
         batches = self.batches(epoch)
         return np.concatenate(batches) if batches else np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class LengthBucketSampler:
+    """Bucketing by length for variable-length text: the epoch's shuffled order (``EpochSampler``'s, by seed and
+    epoch) is split by each example's bucket, batches are cut within a bucket, and the batches are shuffled again
+    (by seed and epoch): every batch pads to its bucket's size only, so an epoch has at most one padded length a
+    bucket. The epoch sees every example once, as the other strategies' epochs do (tested). Each bucket's last batch
+    may be short unless ``drop_last``; a short batch is another batch shape (a recompile in a compiled step).
+
+    Sharding as in ``EpochSampler``: each global batch of ``batch_size * world_size`` is split into per-rank slices.
+    """
+
+    bucket_of: tuple[int, ...]  # each example's bucket number (0: the shortest bucket)
+    batch_size: int
+    seed: int = 0
+    drop_last: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        EpochSampler(len(self.bucket_of), self.batch_size, self.seed, True, False, self.rank, self.world_size)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.bucket_of)
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        order = EpochSampler(self.num_samples, self.batch_size, self.seed).epoch_order(epoch)
+        buckets = np.asarray(self.bucket_of)[order]
+        step = self.global_batch_size
+        global_batches = []
+        for bucket in np.unique(buckets):
+            members = order[buckets == bucket]
+            stop = (len(members) // step) * step if self.drop_last else len(members)
+            global_batches += [members[start:min(start + step, stop)] for start in range(0, stop, step)]
+        if not global_batches:
+            raise DataError(f"drop_last with buckets of fewer than {step} examples each leaves no batch")
+        # a second permutation (of the batches), so that buckets interleave through the epoch
+        shuffled = np.random.default_rng((self.seed, epoch, 1)).permutation(len(global_batches))
+        shards = [np.array_split(global_batches[i], self.world_size)[self.rank] for i in shuffled]
+        return [shard for shard in shards if len(shard)]
+
+    def __len__(self) -> int:
+        return len(self.batches(0))
+
+    def indices(self, epoch: int) -> np.ndarray:
+        batches = self.batches(epoch)
+        return np.concatenate(batches) if batches else np.zeros(0, np.int64)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.data.cifar import LAYOUTS
-from common.data.fixtures import write_cifar_archive
+from common.data.fixtures import write_cifar_archive, write_text_fixture
 
 DEFAULT_DATA_ROOT = Path("data")
 
@@ -17,10 +17,20 @@ LADDER_DIFFICULTY = 0.85
 
 
 def with_default_data(config: RunConfig) -> RunConfig:
-    """``config`` reading the generated archive of its kind when it names no data (CIFAR sources only)."""
+    """``config`` reading the generated data of its kind when it names none (a CIFAR archive, or AG News CSVs)."""
     if config.data is None and config.source in LAYOUTS:
         return config.replace(data=str(default_archive(config.source)))
+    if config.data is None and config.source == "text":
+        return config.replace(data=str(default_text_folder()))
     return config
+
+
+def default_text_folder(n_train: int = 2000, n_test: int = 500, root: Path = DEFAULT_DATA_ROOT) -> Path:
+    """A generated text set in AG News's CSV layout (4 classes, long-tailed lengths; made once, then reused)."""
+    folder = root / f"generated-agnews-{n_train}-{n_test}"
+    if not (folder / "test.csv").exists():  # written last: a folder without it was interrupted
+        write_text_fixture(folder, fmt="agnews", n_train=n_train, n_test=n_test, seed=0)
+    return folder
 
 
 def archive_folder(kind: str, n_train: int, n_test: int, difficulty: float = 0.0) -> str:

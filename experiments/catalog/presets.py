@@ -25,6 +25,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 # multiplier, which a ViT ignores (its width is its name's).
 FAMILY_RECIPES: dict[str, dict[str, Any]] = {
     "vit": {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.05},
+    # BERT's fine-tuning recipe (AdamW, weight decay 0.01), at the ViT's LR: a small encoder trained from scratch
+    "text": {"optimizer": "adamw", "lr": 1e-3, "weight_decay": 0.01},
 }
 
 

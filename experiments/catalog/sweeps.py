@@ -23,6 +23,8 @@ class Sweep:
     default_values: Callable[[RunConfig, bool], list[str]]  # (base config, CUDA present) -> values
     # (value, base, framework) -> config changes; None: the value has no meaning in that framework
     overrides: Callable[[str, RunConfig, str], dict[str, Any] | None]
+    # a run's config -> extra row fields known before it runs (the shapes sweep: the epoch's padding, framework-free)
+    row_fields: Callable[[RunConfig], dict[str, Any]] | None = None
 
 
 def _int(value: str) -> int:
@@ -96,6 +98,44 @@ def _attention(value: str, base: RunConfig, framework: str) -> dict[str, Any]:
     return {"attention": value}
 
 
+# The shapes sweep: "<batching>[:<torch.compile dynamic>]"; every run compiled (jax.jit, torch.compile) over one
+# whole epoch, so its recompiles, compile seconds and end-to-end time are the epoch's. "eager": torch uncompiled,
+# pad-longest, the reference a compiled strategy has to beat (JAX un-jitted is no strategy anyone runs).
+SHAPE_VALUES = ("eager", "pad-max", "pad-longest:false", "pad-longest", "pad-longest:true", "pad-longest:mark",
+                "bucket")
+
+
+def _shapes(value: str, base: RunConfig, framework: str) -> dict[str, Any] | None:
+    if workload_for(base.model).family != "text":
+        texts = [m for w in WORKLOADS.values() if w.family == "text" for m in w.models]
+        raise ConfigError(f"model '{base.model}' takes inputs of one shape; the shapes sweep needs a text model: "
+                          f"{', '.join(texts)} (--model)")
+    epoch = {"steps": None, "epochs": 1, "eval_batches": 1}
+    if value == "eager":
+        return {**epoch, "batching": "pad-longest"} if framework == "torch" else None
+    batching, _, dynamic = value.partition(":")
+    if batching not in ("pad-max", "pad-longest", "bucket"):
+        raise ConfigError("expected pad-max, pad-longest or bucket, optionally :false, :default, :true or :mark "
+                          "(torch.compile's dynamic), or eager")
+    if dynamic and framework == "jax":
+        return None  # jax.jit has one way: a program per shape
+    return {**epoch, "batching": batching, "compile": "compiled", "compile_dynamic": dynamic or "default"}
+
+
+def _shape_fields(config: RunConfig) -> dict[str, Any]:
+    """The epoch's padding as the shared collator makes it: distinct padded lengths, real and padded tokens."""
+    from common.data.batches import loader_sampler
+    from common.data.text import epoch_shapes, load_text_source, parse_buckets
+    from common.workloads import loader_options
+
+    source = load_text_source(config.data, "train", max_len=config.max_len)  # type: ignore[arg-type]
+    batches = loader_sampler(source, loader_options(config, train=True), train=True).batches(0)
+    stats = epoch_shapes(source, batches, config.batching, parse_buckets(config.buckets, source.longest),
+                         source.longest)  # the loaders' own choice (common.data.batches.make_batch_maker)
+    return {"padded_lengths": list(stats.lengths_seen), "real_tokens": stats.real_tokens,
+            "padded_tokens": stats.padded_tokens, "padding_waste": stats.waste}
+
+
 def _fixed(*values: str) -> Callable[[RunConfig, bool], list[str]]:
     return lambda base, cuda: list(values)
 
@@ -119,6 +159,9 @@ SWEEPS: dict[str, Sweep] = {s.name: s for s in (
           "host devices on a CPU): the global batch grows with them", _fixed("1", "2", "4"), _setting("devices", _int)),
     Sweep("pipeline", "pipeline stages at a fixed batch (2: GPipe over pipeline_micro_batches; torch processes, "
           "JAX devices, host devices on a CPU)", _fixed("1", "2"), _setting("pipeline_stages", _int)),
+    Sweep("shapes", "variable-length text: batching (pad to the split's longest, the batch's longest, buckets) x "
+          "torch.compile dynamic (false / default / true / mark_dynamic); JAX jit compiles a program per shape; one "
+          "epoch each", _fixed(*SHAPE_VALUES), _shapes, row_fields=_shape_fields),
     Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)", _compile_mode_values,
           _compile_mode),
     Sweep("xla-flags", "XLA_FLAGS of the JAX side (XLA:CPU switches; 'default': none); torch is not run",

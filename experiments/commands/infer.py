@@ -1,11 +1,15 @@
 """``twinrun infer``: inference variants in both frameworks, each with its latency beside its accuracy.
 
-Per framework (one isolated process each), per variant (eager, compiled, folded, int8, onnxruntime,
-tensorrt): batch-1 latency p50/p99 over timed calls after warm-up (the first call, with compilation, kept
-apart), throughput at batch 32 and 128, and accuracy on the eval split with its delta against the same
-framework's eager fp32 (experiments/execution/inference.py). Both frameworks load the same weights: trained
-by the torch trainer for ``--train-epochs`` (default) or given by ``--weights``; with ``--train-epochs 0`` and
-no weights, torch's random initialisation.
+Per framework (one isolated process each), per variant (eager, compiled, folded, int8, int4, onnxruntime,
+tensorrt): batch-1 latency p50/p99 over timed calls, each on the next eval example, after warm-up (the first
+call and every other distinct input shape, with their compilation, kept apart), throughput at batch 32 and 128,
+and accuracy on the eval split with its delta against the same framework's eager fp32
+(experiments/execution/inference.py). A text model (``--model text-*``) reads its inputs from the shared batch
+maker, padded per ``--batching``: batch 1 runs over the eval texts' real lengths, and a compiled variant compiles
+one program per padded shape (bucket keeps them few; the row's note counts them). Both frameworks load the same
+weights: trained by the torch trainer for ``--train-epochs`` (default) or given by ``--weights``; with
+``--train-epochs 0`` and no weights, torch's random initialisation. A variant that cannot run here (INT4 without
+torchao / qwix, TensorRT without CUDA, no BatchNorm to fold) is a skipped row that says why.
 """
 
 from __future__ import annotations
@@ -40,15 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--weights", default=None, help="torch-keyed .npz of trained weights (BN statistics included)")
     group.add_argument("--train-epochs", type=nonnegative_int, default=3,
                        help="without --weights: train with the torch trainer first (0: random weights)")
-    group.add_argument("--calls", type=positive_int, default=100, help="timed batch-1 calls (p99 needs >= 100)")
+    group.add_argument("--calls", type=positive_int, default=100,
+                       help="timed batch-1 calls, each on the next eval example (p99 needs >= 100)")
     group.add_argument("--warmup", type=nonnegative_int, default=10,
-                       help="untimed batch-1 calls before the timed ones (after the first, kept apart)")
+                       help="untimed batch-1 calls before the timed ones (after the first call and one call on "
+                            "every distinct input shape, kept apart)")
     group.add_argument("--throughput-batches", type=positive_int, nargs="+", default=[32, 128], metavar="BATCH",
                        help="batch sizes of the throughput measurement")
     group.add_argument("--throughput-calls", type=positive_int, default=10,
                        help="timed calls per throughput batch size")
     group.add_argument("--calibration-batches", type=positive_int, default=8,
-                       help="INT8 calibration: batches of 32 images")
+                       help="static INT8 calibration (a ResNet's): batches of 32 images")
     add_timeout_argument(group, 3600.0, "each framework's measurement (and the training)")
     output = parser.add_argument_group("output")
     output.add_argument("--out", default="results/infer",

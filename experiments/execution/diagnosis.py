@@ -1,6 +1,7 @@
 """Is a run input-bound, compute-bound or overhead-bound, and the evidence.
 
-Evidence, per framework, from two short isolated runs of the config:
+Evidence, per framework, from two short isolated runs of the config (four when the doubling ratio lands near
+the line):
 - the data-wait fraction of the steady-state steps (time blocked on the loader / all step time);
 - the batch-doubling test: compute time per step at B and at 2B. Work that scales with the batch
   (compute-bound) nearly doubles it; fixed per-step costs (Python, dispatch, launches) do not;
@@ -30,6 +31,10 @@ INPUT_BOUND_WAIT = 0.25
 # Pure compute gives x2 and pure per-step overhead x1; CPU kernels also get somewhat more efficient with the
 # batch, so compute-bound runs measured here give x1.6-1.8 and overhead-bound ones x1.0-1.2.
 COMPUTE_BOUND_RATIO = 1.4
+# A ratio this near the line is measured once more at both sizes, and the faster median of each size is kept: a
+# run slowed as a whole (another process on a shared 2-core machine) moved one CI ratio from ~x1.9 to x1.26
+# (368 ms at B=32 where 222-230 ms was measured in four runs before and after); slowdowns only ever add time.
+NEAR_THE_LINE = (1.15, 1.7)
 # On a GPU, below this median utilisation the device is idle between kernels (overhead), data wait aside.
 LOW_GPU_UTILISATION = 50.0
 
@@ -137,16 +142,24 @@ def diagnose(framework: str, config: RunConfig, out: Path, profile_steps: int = 
                             steps=(config.steps or 0) + profile_steps)
     with GpuSampler() as sampler:
         at_b, compute_b = _run(framework, traced, timeout_s)
-    _, compute_2b = _run(framework, config.replace(batch_size=2 * config.batch_size), timeout_s)
+    doubled = config.replace(batch_size=2 * config.batch_size)
+    _, compute_2b = _run(framework, doubled, timeout_s)
     wait = at_b.timing.data_wait_fraction
-    ratio = compute_2b.median / compute_b.median
+    median_b, median_2b = compute_b.median, compute_2b.median
+    remeasured = NEAR_THE_LINE[0] <= median_2b / median_b <= NEAR_THE_LINE[1]
+    if remeasured:
+        median_b = min(median_b, _run(framework, config, timeout_s)[1].median)
+        median_2b = min(median_2b, _run(framework, doubled, timeout_s)[1].median)
+    ratio = median_2b / median_b
     gpu = sampler.summary()
     verdict = classify(wait, ratio, gpu["median"] if gpu else None)
     evidence = [
         f"data wait: {100 * wait:.1f}% of each steady-state step (input-bound from {100 * INPUT_BOUND_WAIT:.0f}%)",
-        f"batch doubling: compute {compute_b.median * 1e3:.1f} ms at B={config.batch_size} -> "
-        f"{compute_2b.median * 1e3:.1f} ms at 2B, x{ratio:.2f} (x2 = all work scales with the batch: compute-bound "
-        f"from x{COMPUTE_BOUND_RATIO}; x1 = fixed per-step costs: overhead-bound)",
+        f"batch doubling: compute {median_b * 1e3:.1f} ms at B={config.batch_size} -> "
+        f"{median_2b * 1e3:.1f} ms at 2B, x{ratio:.2f} (x2 = all work scales with the batch: compute-bound "
+        f"from x{COMPUTE_BOUND_RATIO}; x1 = fixed per-step costs: overhead-bound)"
+        + (f"; measured twice at each size, the faster kept (the first ratio, "
+           f"x{compute_2b.median / compute_b.median:.2f}, was near the line)" if remeasured else ""),
         f"GPU utilisation (NVML, whole run): median {gpu['median']:.0f}%, p90 {gpu['p90']:.0f}%" if gpu
         else (sampler.unavailable or "GPU utilisation: no samples"),
     ]
@@ -154,8 +167,8 @@ def diagnose(framework: str, config: RunConfig, out: Path, profile_steps: int = 
     if profile_line:
         evidence.append(profile_line)
     return Diagnosis(framework=framework, verdict=verdict, evidence=evidence, data_wait_fraction=wait,
-                     step_ms=at_b.timing.step_median_s * 1e3, compute_ms_at_b=compute_b.median * 1e3,
-                     compute_ms_at_2b=compute_2b.median * 1e3, doubling_ratio=ratio, batch_size=config.batch_size,
+                     step_ms=at_b.timing.step_median_s * 1e3, compute_ms_at_b=median_b * 1e3,
+                     compute_ms_at_2b=median_2b * 1e3, doubling_ratio=ratio, batch_size=config.batch_size,
                      gpu_utilisation=gpu, profile=at_b.profile, runs={"device": str(at_b.device)})
 
 

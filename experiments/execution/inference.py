@@ -1,12 +1,15 @@
-"""Inference variants (eager, compiled, folded, int8, onnxruntime, tensorrt) of one framework in one process:
-batch-1 latency p50/p99 over timed calls after warm-up (the first call, with compilation, kept apart),
-throughput per batch size, and accuracy on the eval split with its delta against the same framework's eager
-fp32. Every call is host batch in -> host logits out (synchronized). The rows are "infer" rows of a store."""
+"""Inference variants (eager, compiled, folded, int8, int4, onnxruntime, tensorrt) of one framework in one process:
+batch-1 latency p50/p99 over timed calls, each on the next eval example (for text: at its real length, padded per
+the config's batching), throughput per batch size, and accuracy on the eval split with its delta against the same
+framework's eager fp32. Compilation is kept apart: the first call and then one call on every other distinct padded
+shape of the timed inputs (a jitted text model compiles one program per shape) are timed on their own before any
+timed call. Every call is host batch in -> host logits out (synchronized). The rows are "infer" rows of a store."""
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -14,18 +17,21 @@ from typing import Any
 import numpy as np
 
 from common.config import RunConfig
-from common.data.batches import preview_batches
+from common.data.batches import make_batch_maker, make_sampler
+from common.data.text import PAD, TextSource
 from common.results import RunResult
 from common.timing import summarize
 from common.versions import host_info
 from common.workloads import arch as describe
-from common.workloads import num_classes, open_sources, workload_for
+from common.workloads import loader_options, num_classes, open_sources, workload_for
 from experiments.execution.frameworks import device_name, module
 from experiments.execution.paired import paired_config, run_framework
 from experiments.execution.runner import run_isolated
 
 HostBatch = tuple[np.ndarray, np.ndarray]
+Predict = Callable[[np.ndarray], np.ndarray]
 TRAINER = "torch"  # the framework whose trainer makes the weights that both frameworks infer with
+EVAL_BATCH = 128  # accuracy is scored over eval batches of this many examples
 
 
 @dataclass(frozen=True)
@@ -42,28 +48,105 @@ class InferOptions:
         return {**asdict(self), "throughput_batches": list(self.throughput_batches)}
 
 
+class EvalInputs:
+    """The eval split and its one batch maker (common/data/batches.py: images, or tokens padded per the config's
+    batching), opened once: every input a variant sees is made by it, so timing, throughput and accuracy see the
+    shapes a loader would make, never a second collator's."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.source = open_sources(config)[1]
+        self.maker = make_batch_maker(self.source, loader_options(config, train=False), train=False)
+
+    @property
+    def is_text(self) -> bool:
+        return isinstance(self.source, TextSource)
+
+    def batches(self, batch_size: int, limit: int | None) -> list[HostBatch]:
+        """The split's first ``limit`` batches (all if None), in file order, as the eval loader makes them."""
+        sampler = make_sampler(self.source, batch_size, self.config.seed, train=False)
+        return [self.maker(0, indices) for indices in sampler.batches(0)[:limit]]
+
+    def first(self, count: int) -> HostBatch:
+        """One batch of the split's first ``count`` examples (from the start again when the split is shorter)."""
+        return self.maker(0, np.arange(count) % len(self.source))
+
+    def singles(self, count: int) -> list[np.ndarray]:
+        """``count`` batch-1 inputs, each the next eval example (from the start again when the split is shorter):
+        a text's real length, padded as its batching pads a batch of one."""
+        return [self.maker(0, np.asarray([i % len(self.source)]))[0] for i in range(count)]
+
+    def real_lengths(self, count: int) -> np.ndarray:
+        """The token counts of the texts ``singles(count)`` holds, before padding."""
+        if not isinstance(self.source, TextSource):
+            raise TypeError(f"{self.source.name} holds images: they have no lengths")
+        return self.source.lengths[np.arange(count) % len(self.source)]
+
+
 def eval_batches(config: RunConfig, batch_size: int, limit: int | None) -> list[HostBatch]:
     """The eval split's first ``limit`` batches (all if None), as numpy arrays, in file order."""
-    return preview_batches(open_sources(config)[1], batch_size, config.seed, train=False, count=limit)
+    return EvalInputs(config).batches(batch_size, limit)
 
 
-def _latencies(predict: Any, images: np.ndarray, warmup: int, calls: int) -> list[float]:
-    for _ in range(warmup):
-        predict(images)
+def _timed(predict: Predict, inputs: list[np.ndarray]) -> list[float]:
     samples = []
-    for _ in range(calls):
+    for x in inputs:
         start = time.perf_counter()
-        predict(images)
+        predict(x)
         samples.append(time.perf_counter() - start)
     return samples
 
 
-def _throughput(predict: Any, batches: list[HostBatch], batch: int, calls: int) -> dict[str, float]:
-    images = np.concatenate([b[0] for b in batches])[:batch]
-    if len(images) < batch:  # a small eval split: repeat its images to fill the batch
-        images = np.resize(images, (batch, *images.shape[1:]))
-    times = summarize(_latencies(predict, images, 1, calls))
-    return {"images_per_s": batch / times["median"], "median_ms": 1e3 * times["median"]}
+def _throughput(predict: Predict, batch: np.ndarray, calls: int) -> dict[str, float]:
+    predict(batch)  # a new shape: a jitted variant compiles here, untimed
+    times = summarize(_timed(predict, [batch] * calls))
+    # "images_per_s" is examples per second, texts too: the report's column reads this key for every family
+    out = {"images_per_s": len(batch) / times["median"], "median_ms": 1e3 * times["median"]}
+    if batch.ndim == 2:  # tokens: what the padding costs is the padded length against the real tokens
+        real_tokens = int((batch != PAD).sum())
+        out.update({"padded_length": int(batch.shape[1]), "real_tokens_per_s": real_tokens / times["median"]})
+    return out
+
+
+def _compile_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {key: after[key] - before.get(key, 0) for key in after}
+
+
+def _batch1(predict: Predict, inference: Any, inputs: EvalInputs, options: dict[str, Any],
+            row: dict[str, Any]) -> None:
+    """Batch-1 latency over ``calls`` different eval examples. The first call (``first_call_s``) and one call on
+    every other distinct padded shape (``warmup_s``) run before the timed ones, so a variant that compiles per shape
+    compiles outside the percentiles; then ``warmup`` more untimed calls, then the timed ones."""
+    singles = inputs.singles(options["calls"])
+    shapes = list(dict.fromkeys(x.shape for x in singles))  # first-appearance order
+    counts = inference.compile_counts(predict)
+    start = time.perf_counter()
+    predict(singles[0])
+    row["first_call_s"] = time.perf_counter() - start  # includes compilation for compiled variants
+    start = time.perf_counter()
+    for shape in shapes[1:]:
+        predict(next(x for x in singles if x.shape == shape))
+    row["warmup_s"] = time.perf_counter() - start  # every other shape's first call, its compilation included
+    compiled = _compile_delta(counts, inference.compile_counts(predict))
+    for i in range(options["warmup"]):
+        predict(singles[i % len(singles)])
+    b1 = summarize(_timed(predict, singles))
+    row["latency_b1_ms"] = {"p50": 1e3 * b1["median"], "p99": 1e3 * b1["p99"], "min": 1e3 * b1["min"], "n": b1["n"]}
+    row["b1_shapes"] = len(shapes)
+    if compiled:
+        row["compiled_in_warmup"] = compiled
+    if inputs.is_text:
+        real = inputs.real_lengths(options["calls"])
+        row["b1_lengths"] = {"real_min": int(real.min()), "real_median": float(np.median(real)),
+                             "real_max": int(real.max()), "examples": min(len(real), len(inputs.source))}
+        padded = sorted({shape[1] for shape in shapes})
+        what = (f"batch 1: {len(real)} calls over eval texts of {int(real.min())}-{int(real.max())} tokens, padded "
+                f"{inputs.config.batching} to {len(shapes)} shape(s) ({padded[0]}-{padded[-1]}), each warmed up "
+                f"before timing")
+        built = {k: v for k, v in compiled.items() if v}
+        if built:
+            what += "; compiled in the warm-up: " + ", ".join(f"{v} {k}" for k, v in built.items())
+        row["note"] = f"{row['note']}; {what}"
 
 
 def measure_variant(framework: str, name: str, config: RunConfig, weights: str | None,
@@ -77,25 +160,20 @@ def measure_variant(framework: str, name: str, config: RunConfig, weights: str |
         return {**row, "status": "skipped", "note": meaningless}
     inference = module(framework, "inference")
     arch = describe(config, num_classes(config))
-    batches = eval_batches(config, 128, options["eval_batches"])
-    calibration = [images for images, _ in eval_batches(config.replace(seed=config.seed + 1), 32,
-                                                        options["calibration_batches"])]
+    inputs = EvalInputs(config)
+    batches = inputs.batches(EVAL_BATCH, options["eval_batches"])
+    calibration = [x for x, _ in inputs.batches(32, options["calibration_batches"])]  # static INT8 only
     try:
         predict, note = inference.build(name, config, arch, weights, calibration)
     except inference.Unavailable as exc:
         return {**row, "status": "skipped", "note": str(exc)}
     row["note"] = note
-    single = batches[0][0][:1]
-    start = time.perf_counter()
-    predict(single)
-    row["first_call_s"] = time.perf_counter() - start  # includes compilation for compiled variants
-    b1 = summarize(_latencies(predict, single, options["warmup"], options["calls"]))
-    row["latency_b1_ms"] = {"p50": 1e3 * b1["median"], "p99": 1e3 * b1["p99"], "min": 1e3 * b1["min"], "n": b1["n"]}
-    row["throughput"] = {str(batch): _throughput(predict, batches, batch, options["throughput_calls"])
+    _batch1(predict, inference, inputs, options, row)
+    row["throughput"] = {str(batch): _throughput(predict, inputs.first(batch)[0], options["throughput_calls"])
                          for batch in options["throughput_batches"]}
     correct = seen = 0
-    for images, labels in batches:
-        correct += int((predict(images).argmax(1) == labels).sum())
+    for x, labels in batches:
+        correct += int((predict(x).argmax(1) == labels).sum())
         seen += len(labels)
     row.update({"status": "ok", "accuracy": correct / seen, "eval_samples": seen,
                 "eval_batches": options["eval_batches"]})

@@ -20,7 +20,8 @@ from common.errors import ConfigError
 from common.results import RunRecord, RunResult
 from common.store import ResultStore, run_settings
 from common.versions import host_info
-from experiments.catalog.defaults import default_archive
+from common.workloads import workload_for
+from experiments.catalog.defaults import default_archive, default_text_folder
 from experiments.catalog.presets import preset_settings
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, Rung, ladder_rungs, rung_config, skip_reason
 from experiments.catalog.sweeps import Sweep, mode_for
@@ -80,10 +81,12 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     if options.steps is not None:
         preset["steps"] = options.steps
     preset.update(devices=options.devices or options.processes, processes=options.processes)
-    data = options.data
-    if data is None and options.source in LAYOUTS:  # CIFAR: a generated archive; mnist5k: the installed file
-        data = str(default_archive(options.source))
-    base = RunConfig(source=options.source, data=data, **preset)
+    data, source = options.data, options.source
+    if workload_for(preset["model"]).family == "text":  # a text model reads text: --data or the generated AG News
+        source, data = "text", data or str(default_text_folder())
+    elif data is None and source in LAYOUTS:  # CIFAR: a generated archive; mnist5k: the installed file
+        data = str(default_archive(source))
+    base = RunConfig(source=source, data=data, **preset)
     out = Path(options.results) / (options.name or default_name)
     store = ResultStore(out)
     store.check_writable()
@@ -173,12 +176,13 @@ def sweep_plan(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tup
                 changes = sweep.overrides(value, base, framework)
                 if changes is None:
                     continue
+                config = base.replace(**{"compile": mode_for(compile_option, framework), **changes})
                 plan.append(PlannedRun(
-                    key=f"sweep/{sweep.name}/{value}/{framework}/r{repeat}", framework=framework,
-                    config=base.replace(**{"compile": mode_for(compile_option, framework), **changes}),
+                    key=f"sweep/{sweep.name}/{value}/{framework}/r{repeat}", framework=framework, config=config,
                     label=f"{sweep.name}={value} {framework:<5} repeat {repeat + 1}/{repeats}", command="sweep",
                     fields={"technique": sweep.name, "knob": sweep.knob, "value": value, "value_index": index,
-                            "repeat": repeat, "preset": preset, "mode": compile_option}))
+                            "repeat": repeat, "preset": preset, "mode": compile_option,
+                            **(sweep.row_fields(config) if sweep.row_fields else {})}))
     return plan
 
 

@@ -28,6 +28,7 @@ from experiments.reporting.tables import (
     mapping_table,
     results_table,
     scaling_table,
+    shapes_table,
 )
 
 MODES = {"native": "torch eager, JAX jit (each framework's usual mode)", "eager": "both eager (JAX op by op)",
@@ -112,6 +113,13 @@ def _sweep_parts(folder: Path, records: list[RunRecord], rate: float | None) -> 
         parts.append("jax.jit has no modes: JAX runs once, under `default`.")
     if technique == "scaling":
         parts.append(scaling_table(cells))
+    if technique == "shapes":
+        shapes, winners = shapes_table(cells)
+        parts += ["## Shapes: batching x compilation over one epoch", shapes,
+                  "Real tokens/s counts the texts' own tokens ([CLS] and bytes), never padding, over the epoch's "
+                  "training seconds (compiles included); the steady step time is the median after the warm-up, so a "
+                  "recompile mid-epoch shows in the epoch and compile columns, not there.",
+                  "Which strategy wins here:", "\n".join(winners) or "- fewer than two strategies measured"]
     parts.append(_notes_text(cells))
     images = [plot_step_time(cells, folder / "sweep_step_time.png", f"step time per {technique} value"),
               plot_data_wait(cells, folder / "sweep_data_wait.png")]

@@ -9,11 +9,11 @@ from common.config import RunConfig
 from common.errors import TwinrunError
 from common.flops import train_step_flops
 from common.results import RunRecord
-from common.workloads import arch, num_classes
+from common.workloads import arch, num_classes, workload_for
 from experiments.catalog import reference
 from experiments.catalog.rungs import BASELINE_TEXT, TECHNIQUES
 from experiments.execution.frameworks import FRAMEWORKS
-from experiments.reporting.cells import NAN, Cells, ordered_groups
+from experiments.reporting.cells import NAN, Cells, median, ordered_groups
 from experiments.reporting.recommend import emulation_cost
 
 FALLBACK_CLASSES = 100  # rows written before results held their class count, on data no longer readable
@@ -34,8 +34,11 @@ def classes_of(record: RunRecord, config: RunConfig) -> int:
 
 
 def flops_per_step(record: RunRecord) -> float:
-    """Analytic training FLOPs of one optimizer step of the run: every micro-batch of every replica."""
+    """Analytic training FLOPs of one optimizer step of the run: every micro-batch of every replica. NaN for a text
+    model: its steps' padded lengths differ, so one step's FLOPs is no property of the run ("not measured")."""
     config = RunConfig.from_dict(record.config)
+    if workload_for(config.model).family == "text":
+        return NAN
     model = arch(config, classes_of(record, config))
     return train_step_flops(model, config.image_size, config.batch_size * config.grad_accum_steps * config.devices)
 
@@ -111,6 +114,53 @@ def scaling_table(cells: Cells) -> str:
                          f"| {fmt(100 * speedup / int(group), '{:.0f}')} |")
     return ("Scaling (each replica keeps the preset's batch; on a CPU the replicas share its cores):\n\n"
             + "\n".join(lines))
+
+
+def _epoch_s(cell: Any) -> float:
+    """Seconds of training steps over the run's one epoch, compiles included (the final evaluation's train_s)."""
+    return median(r.result.evals[-1].train_s if r.result.evals else None for r in cell.runs)
+
+
+def _compile_s(cell: Any) -> float:
+    return median(r.result.compile_s for r in cell.runs)
+
+
+def shapes_table(cells: Cells) -> tuple[str, list[str]]:
+    """The shapes sweep per framework x strategy: the epoch's padded lengths, graphs compiled, compile seconds,
+    steady-state step time, real (unpadded) tokens a second over the whole epoch, padding waste and the epoch's
+    end-to-end seconds; and, per framework, which strategy finished the epoch first and by how much."""
+    lines = ["| strategy | framework | padded lengths | graphs compiled | compile s | steady step ms | real tokens/s "
+             "(epoch) | padding waste % | epoch s (end to end) |", "|---|---|---|---|---|---|---|---|---|"]
+    for group in ordered_groups(cells):
+        for framework in FRAMEWORKS:
+            cell = cells.get((group, framework))
+            if not cell or not cell.runs:
+                continue
+            fields, epoch_s = cell.example.fields, _epoch_s(cell)  # type: ignore[union-attr]
+            graphs = max(r.result.graphs_compiled for r in cell.runs)
+            lines.append(f"| {group} | {framework} | {len(fields.get('padded_lengths', []))} | "
+                         f"{graphs if cell.example.config.get('compile') == 'compiled' else '-'} | "  # type: ignore[union-attr]
+                         f"{fmt(_compile_s(cell), '{:.1f}')} | {fmt(cell.step_s * 1e3, '{:.1f}')} | "
+                         f"{fmt(fields.get('real_tokens', NAN) / epoch_s, '{:.0f}')} | "
+                         f"{fmt(100 * fields.get('padding_waste', NAN), '{:.1f}')} | {fmt(epoch_s, '{:.1f}')} |")
+    return "\n".join(lines), _shape_winners(cells)
+
+
+def _shape_winners(cells: Cells) -> list[str]:
+    """Per framework: the strategy with the shortest epoch, against the slowest and against pad-max."""
+    verdicts = []
+    for framework in FRAMEWORKS:
+        epochs = {g: _epoch_s(c) for (g, f), c in cells.items() if f == framework and c.runs}
+        epochs = {g: s for g, s in epochs.items() if s == s}  # measured ones
+        if len(epochs) < 2:
+            continue
+        best, worst = min(epochs, key=epochs.get), max(epochs, key=epochs.get)  # type: ignore[arg-type]
+        against = (f"; {epochs['pad-max'] / epochs[best]:.2f}x faster than pad-max"
+                   if "pad-max" in epochs and best != "pad-max" else "")
+        verdicts.append(f"- {framework}: **{best}** finished the epoch first, {epochs[best]:.1f} s, "
+                        f"{epochs[worst] / epochs[best]:.2f}x faster than the slowest ({worst}, "
+                        f"{epochs[worst]:.1f} s){against}")
+    return verdicts
 
 
 def precision_cell(cells: Cells, group: str, framework: str) -> str:
