@@ -9,6 +9,7 @@ text-micro (max_len 64, mean pooling) on a 300/100-text AG News-layout fixture: 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from experiments.__main__ import main
 from experiments.execution.inference import EvalInputs
 
 INT8_ACCURACY_DELTA = 0.05  # the stated bound: at most 5 points of eval accuracy lost to INT8
+INT4_ACCURACY_DELTA = 0.10  # weight-only int4 (group 32) loses more than int8: at most 10 points
 ONNX_TOLERANCE = 1e-4  # onnxruntime's logits against torch's, absolute
 FRAMEWORKS = ("torch", "jax")
 INT4_LIBRARIES = {"torch": ("torchao", "pip install torchao=="), "jax": ("qwix", "pip install qwix==")}
@@ -120,11 +122,12 @@ def test_int4_is_a_clean_row_or_a_skip_that_names_the_library(trained, framework
     config, weights = trained
     package, pip = INT4_LIBRARIES[framework]
     row = measure_variant(framework, "int4", config, weights, SMALL)
-    assert row["status"] in ("ok", "skipped") and "error" not in row, row
-    if row["status"] == "skipped":
-        assert package in row["note"] and pip in row["note"]
+    if importlib.util.find_spec(package) is None:  # the 'test' extra installs both: CI takes the other branch
+        assert row["status"] == "skipped" and package in row["note"] and pip in row["note"], row
     else:
-        assert package in row["note"] and 0 <= row["accuracy"] <= 1
+        reference = measure_variant(framework, "eager" if framework == "torch" else "compiled", config, weights, SMALL)
+        assert row["status"] == "ok" and package in row["note"] and "INT4 weight-only" in row["note"], row
+        assert abs(row["accuracy"] - reference["accuracy"]) <= INT4_ACCURACY_DELTA, (row, reference)
     for name in [name for name in sys.modules if name.split(".")[0] == package] or [package]:
         monkeypatch.setitem(sys.modules, name, None)  # the library missing: importing it (or any part) now fails
     row = measure_variant(framework, "int4", config, weights, SMALL)
