@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from common.arch_vit import NORM_EPS, POOLS
+from common.arch_vit import NORM_EPS, check_encoder
 from common.errors import ConfigError
 
 PAD_ID = 0  # padding: the attention mask is ``tokens != PAD_ID``
@@ -73,16 +73,11 @@ class TextArch:
     family = "text"
 
     def __post_init__(self) -> None:
-        if self.pool not in POOLS:
-            raise ConfigError(f"unknown pool '{self.pool}'; known: {', '.join(POOLS)}")
-        if self.width % self.heads:
-            raise ConfigError(f"width {self.width} is not divisible by {self.heads} heads")
+        check_encoder(self.pool, self.width, self.heads, self.num_classes)
         if self.max_len < 1:
             raise ConfigError(f"max_len must be at least 1, got {self.max_len}")
         if self.vocab_size <= PAD_ID:
             raise ConfigError(f"vocab_size {self.vocab_size} has no room for the PAD token {PAD_ID}")
-        if self.num_classes <= 1:
-            raise ConfigError(f"num_classes must be at least 2, got {self.num_classes}")
 
     @property
     def head_dim(self) -> int:

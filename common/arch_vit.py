@@ -26,6 +26,16 @@ ATTENTION_KERNELS = ("naive", "fused")
 NORM_EPS = 1e-6
 
 
+def check_encoder(pool: str, width: int, heads: int, num_classes: int) -> None:
+    """The checks every encoder description makes (TransformerArch here, TextArch in common/arch_text.py)."""
+    if pool not in POOLS:
+        raise ConfigError(f"unknown pool '{pool}'; known: {', '.join(POOLS)}")
+    if width % heads:
+        raise ConfigError(f"width {width} is not divisible by {heads} heads")
+    if num_classes <= 1:
+        raise ConfigError(f"num_classes must be at least 2, got {num_classes}")
+
+
 @dataclass(frozen=True)
 class TransformerArch:
     name: str
@@ -42,15 +52,10 @@ class TransformerArch:
     family = "vit"
 
     def __post_init__(self) -> None:
-        if self.pool not in POOLS:
-            raise ConfigError(f"unknown pool '{self.pool}'; known: {', '.join(POOLS)}")
-        if self.width % self.heads:
-            raise ConfigError(f"width {self.width} is not divisible by {self.heads} heads")
+        check_encoder(self.pool, self.width, self.heads, self.num_classes)
         if self.image_size % self.patch:
             raise ConfigError(f"image_size {self.image_size} is not a multiple of the patch size {self.patch}: the "
                               f"patches would not tile the image")
-        if self.num_classes <= 1:
-            raise ConfigError(f"num_classes must be at least 2, got {self.num_classes}")
 
     @property
     def head_dim(self) -> int:

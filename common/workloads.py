@@ -41,6 +41,7 @@ class Workload:
     # inference variants (common.config.INFERENCE_VARIANTS) that mean nothing for the family -> why, for the
     # skipped row: the driver asks this, never the model's name
     no_inference: Mapping[str, str] = field(default_factory=dict)
+    examples: str = "images"  # what one example is, for throughput columns (images/s, texts/s)
 
 
 def _resnet(config: RunConfig, num_classes: int) -> Any:
@@ -101,7 +102,8 @@ WORKLOADS: dict[str, Workload] = {
     # the same encoder blocks on variable-length byte tokens with a padding mask (common/arch_text.py)
     "text": Workload("text", tuple(TEXT_FAMILY), LOSS, _text, remat=_transformer_remat,
                      remat_choices=_transformer_remat_choices, pipeline=False, attention=True, summary=_text_summary,
-                     no_inference={"folded": VIT_NO_INFERENCE["folded"].replace("a ViT", "a text encoder")}),
+                     no_inference={"folded": VIT_NO_INFERENCE["folded"].replace("a ViT", "a text encoder")},
+                     examples="texts"),
 }
 
 

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from common.arch_text import CLS_ID, PAD_ID, TextArch, check_tokens_shape
 from common.arch_vit import RematPlan
-from jax_impl.transformer import Block, _dense, layer_norm, trunc_init
+from jax_impl.transformer import _dense, layer_norm, run_blocks, trunc_init
 
 NO_REMAT = RematPlan()
 
@@ -50,12 +50,7 @@ class TextEncoder(nn.Module):
                      name="token_embed")(tokens)
         pos = self.param("pos_embed", trunc_init, (1, arch.max_len, arch.width), jnp.float32)
         x = x + pos[:, :tokens.shape[1]]
-        policy = getattr(jax.checkpoint_policies, self.policy)
-        for index in range(arch.depth):
-            block = nn.remat(Block, policy=policy) if index in self.remat.blocks else Block
-            x = block(arch, self.kernel, self.dtype, self.remat.attention and index not in self.remat.blocks,
-                      self.policy, name=f"blocks_{index}")(x, mask)
-        x = layer_norm(x, arch.norm_eps, "norm")
+        x = layer_norm(run_blocks(self, x, mask), arch.norm_eps, "norm")
         pooled = x[:, 0] if arch.pool == "cls" else masked_mean(x, mask)
         return _dense(arch.num_classes, self.dtype, "head")(pooled)
 

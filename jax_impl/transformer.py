@@ -128,6 +128,20 @@ class Block(nn.Module):
         return x + Mlp(self.arch, self.dtype, name="mlp")(layer_norm(x, eps, "norm2"))
 
 
+def run_blocks(encoder: Any, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """The blocks of a VisionTransformer or a TextEncoder (jax_impl/text.py), called inside its compact
+    ``__call__`` so that they are its submodules, named ``blocks_N``: a block in ``remat.blocks`` is recomputed
+    whole, the attention of the others when ``remat.attention``, both with ``policy``. torch_impl/transformer.py's
+    ``EncoderStack.run_blocks`` is the torch side."""
+    policy = getattr(jax.checkpoint_policies, encoder.policy)
+    for index in range(encoder.arch.depth):
+        whole = index in encoder.remat.blocks
+        block = nn.remat(Block, policy=policy) if whole else Block
+        x = block(encoder.arch, encoder.kernel, encoder.dtype, encoder.remat.attention and not whole, encoder.policy,
+                  name=f"blocks_{index}")(x, mask)
+    return x
+
+
 class VisionTransformer(nn.Module):
     """``remat``: whole blocks and/or every block's attention rematerialised (``jax.checkpoint``) with ``policy``,
     a name from ``jax.checkpoint_policies`` (dots_with_no_batch_dims_saveable keeps the projections and recomputes
@@ -151,12 +165,7 @@ class VisionTransformer(nn.Module):
             cls = self.param("cls_token", trunc_init, (1, 1, arch.width), jnp.float32)
             x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, arch.width)), x], axis=1)
         x = x + self.param("pos_embed", trunc_init, (1, arch.tokens, arch.width), jnp.float32)  # fp32 from here on
-        policy = getattr(jax.checkpoint_policies, self.policy)
-        for index in range(arch.depth):
-            block = nn.remat(Block, policy=policy) if index in self.remat.blocks else Block
-            x = block(arch, self.kernel, self.dtype, self.remat.attention and index not in self.remat.blocks,
-                      self.policy, name=f"blocks_{index}")(x)
-        x = layer_norm(x, arch.norm_eps, "norm")
+        x = layer_norm(run_blocks(self, x), arch.norm_eps, "norm")
         pooled = x[:, 0] if arch.pool == "cls" else x.mean(axis=1)
         return _dense(arch.num_classes, self.dtype, "head")(pooled)
 

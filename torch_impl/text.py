@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from common.arch_text import PAD_ID, TextArch, check_tokens_shape
 from common.arch_vit import RematPlan
-from torch_impl.transformer import Block, LayerNorm, init_weights
+from torch_impl.transformer import Block, EncoderStack, LayerNorm, init_weights
 
 NO_REMAT = RematPlan()
 
@@ -27,7 +26,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * weights).sum(dim=1) / weights.sum(dim=1)
 
 
-class TextEncoder(nn.Module):
+class TextEncoder(EncoderStack):
     def __init__(self, arch: TextArch) -> None:
         super().__init__()
         self.arch = arch
@@ -36,29 +35,14 @@ class TextEncoder(nn.Module):
         self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.depth))
         self.norm = LayerNorm(arch.width, eps=arch.norm_eps)
         self.head = nn.Linear(arch.width, arch.num_classes)
-        self.remat_blocks: frozenset[int] = frozenset()  # blocks recomputed whole in the backward pass
         init_weights(self)
-
-    def set_remat(self, plan: RematPlan) -> None:
-        self.remat_blocks = frozenset(plan.blocks)
-        for block in self.blocks:
-            block.remat_attention = plan.attention
-
-    def set_attention(self, kernel: str) -> None:
-        for block in self.blocks:
-            block.attn.kernel = kernel
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """int tokens (batch, length), length <= max_len -> logits (batch, num_classes)."""
         check_tokens_shape(tuple(tokens.shape), self.arch)
         mask = tokens != PAD_ID
         x = self.token_embed(tokens) + self.pos_embed[:, :tokens.shape[1]]  # fp32 from here on: the residual stream
-        for index, block in enumerate(self.blocks):
-            if index in self.remat_blocks and self.training:
-                x = checkpoint(block, x, mask, use_reentrant=False)
-            else:
-                x = block(x, mask)
-        x = self.norm(x)
+        x = self.norm(self.run_blocks(x, mask))
         pooled = x[:, 0] if self.arch.pool == "cls" else masked_mean(x, mask)
         return self.head(pooled)
 

@@ -130,22 +130,12 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class VisionTransformer(nn.Module):
-    def __init__(self, arch: TransformerArch) -> None:
-        super().__init__()
-        self.arch = arch
-        self.patch_embed = nn.Conv2d(3, arch.width, arch.patch, stride=arch.patch)
-        if arch.pool == "cls":
-            self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.width))
-        self.pos_embed = nn.Parameter(torch.zeros(1, arch.tokens, arch.width))
-        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.depth))
-        self.norm = LayerNorm(arch.width, eps=arch.norm_eps)
-        self.head = nn.Linear(arch.width, arch.num_classes)
-        self.remat_blocks: frozenset[int] = frozenset()  # blocks recomputed whole in the backward pass
-        self._init_weights()
+class EncoderStack(nn.Module):
+    """What the ViT and the text encoder (torch_impl/text.py) share: their ``blocks``, the blocks recomputed whole
+    in the backward pass, and the attention kernel; jax_impl/transformer.py's ``run_blocks`` is the Flax side."""
 
-    def _init_weights(self) -> None:
-        init_weights(self)
+    blocks: nn.ModuleList
+    remat_blocks: frozenset[int] = frozenset()
 
     def set_remat(self, plan: RematPlan) -> None:
         self.remat_blocks = frozenset(plan.blocks)
@@ -156,17 +146,34 @@ class VisionTransformer(nn.Module):
         for block in self.blocks:
             block.attn.kernel = kernel
 
+    def run_blocks(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for index, block in enumerate(self.blocks):
+            if index in self.remat_blocks and self.training:
+                x = checkpoint(block, x, mask, use_reentrant=False)
+            else:
+                x = block(x, mask)
+        return x
+
+
+class VisionTransformer(EncoderStack):
+    def __init__(self, arch: TransformerArch) -> None:
+        super().__init__()
+        self.arch = arch
+        self.patch_embed = nn.Conv2d(3, arch.width, arch.patch, stride=arch.patch)
+        if arch.pool == "cls":
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.width))
+        self.pos_embed = nn.Parameter(torch.zeros(1, arch.tokens, arch.width))
+        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.depth))
+        self.norm = LayerNorm(arch.width, eps=arch.norm_eps)
+        self.head = nn.Linear(arch.width, arch.num_classes)
+        init_weights(self)
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (batch, patches, width), patches row by row
         if self.arch.pool == "cls":
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
         x = x + self.pos_embed  # fp32 from here on: the residual stream
-        for index, block in enumerate(self.blocks):
-            if index in self.remat_blocks and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        x = self.norm(x)
+        x = self.norm(self.run_blocks(x))
         pooled = x[:, 0] if self.arch.pool == "cls" else x.mean(dim=1)
         return self.head(pooled)
 

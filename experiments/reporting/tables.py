@@ -51,6 +51,12 @@ def mfu_percent(record: RunRecord, step_s: float, matmul_rate: float | None) -> 
     return 100 * flops_per_step(record) / step_s / (matmul_rate * devices)
 
 
+def examples_unit(models: set[str]) -> str:
+    """What the rows' throughput counts: their family's examples (images, texts), or "examples" for a mix."""
+    units = {workload_for(model).examples for model in models}
+    return units.pop() if len(units) == 1 else "examples"
+
+
 def _cached(cells: Cells) -> bool:
     """Whether the runs say which compile cache they read (the ladder's: cold for repeat 0, warm after)."""
     return any("cache" in r.fields for c in cells.values() for r in c.runs)
@@ -68,9 +74,10 @@ def results_table(cells: Cells, matmul_rate: float | None, group_title: str,
     wait, compile, memory, accuracy, MFU; ``published`` adds the reference column (torch rows); ``precision``
     (every cell of the plan) a column with the dtype that ran, flagged with its cost where this device emulates it."""
     groups = ordered_groups(cells)
+    unit = examples_unit({r.config["model"] for c in cells.values() for r in c.runs if "model" in r.config})
     columns = [group_title, "framework", *(["precision"] if precision is not None else []),
                "step ms (min..max over repeats)",
-               f"speedup vs {groups[0] if groups else '-'}", "images/s", "data wait %",
+               f"speedup vs {groups[0] if groups else '-'}", f"{unit}/s", "data wait %",
                "first step s (cold / warm)" if _cached(cells) else "first step s", "recompiles",
                "saved for backward MB", "peak MB", "accuracy", "MFU %"]
     if published is not None:
@@ -193,8 +200,9 @@ def inference_table(rows: list[dict[str, Any]]) -> str:
     """Framework x variant: batch-1 latency p50/p99, throughput per batch, accuracy and its delta to eager fp32."""
     infer = [r for r in rows if r.get("command") == "infer"]
     batches = sorted({int(b) for r in infer for b in r.get("throughput", {})})
+    unit = examples_unit({r["config"]["model"] for r in infer if "model" in r.get("config", {})})
     columns = ["framework", "variant", "status", "batch-1 p50 ms", "batch-1 p99 ms", "first call s",
-               *[f"images/s @{b}" for b in batches], "accuracy", "delta vs eager", "what it is here"]
+               *[f"{unit}/s @{b}" for b in batches], "accuracy", "delta vs eager", "what it is here"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in infer:
         if row.get("status") != "ok":
