@@ -37,7 +37,7 @@ def base(cifar100_archive: Path, tmp_path_factory) -> RunConfig:
 @pytest.fixture(scope="module")
 def fp32_run(base):
     """Each framework's run of ``base`` (fp32), made once: the fp32 parity test and the four mixed-precision tests
-    all compare against it (5 runs of ~3-5 s fewer)."""
+    all compare against it (4 runs fewer: the fp16 JAX test went from 24 s to 14 s here)."""
     runs = {}
 
     def run(framework: str):
