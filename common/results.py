@@ -42,6 +42,10 @@ class Timing:
     data_wait_s: Summary | None = None
     data_wait_fraction: float = NAN
     images_per_s: float = NAN
+    # every timed step's seconds (data wait + compute), in order: a run's own spread, and what a within-run
+    # interval resamples (empty in rows written before them)
+    samples_s: list[float] = field(default_factory=list)
+    compute_samples_s: list[float] = field(default_factory=list)  # the same steps' compute alone (data wait apart)
 
     @property
     def step_median_s(self) -> float:

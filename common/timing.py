@@ -66,7 +66,8 @@ class StepTimer:
         return Timing(first_step_s=head.first_step_s, warmup_steps=head.warmup_steps, timed_steps=head.timed_steps,
                       step_s=Summary(**summarize(totals)), compute_s=Summary(**summarize(compute)),
                       data_wait_s=Summary(**summarize(data)), data_wait_fraction=sum(data) / sum(totals),
-                      images_per_s=sum(images) / sum(totals))
+                      images_per_s=sum(images) / sum(totals), samples_s=totals,
+                      compute_samples_s=list(compute))
 
 
 def time_batches(batches: Iterable[Any], wait: Callable[[Any], Any], max_batches: int) -> tuple[float, list[float]]:

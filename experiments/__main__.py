@@ -14,7 +14,19 @@ from types import ModuleType
 from typing import NoReturn
 
 from common.errors import TwinrunError
-from experiments.commands import diagnose, infer, ladder, loader_bench, overhead, parity, report, run, sweep, train
+from experiments.commands import (
+    compare,
+    diagnose,
+    infer,
+    ladder,
+    loader_bench,
+    overhead,
+    parity,
+    report,
+    run,
+    sweep,
+    train,
+)
 from experiments.execution.runner import install_signal_handlers
 
 # command -> (module in experiments/commands/, help); each module has add_arguments(parser) and run(args) -> exit code
@@ -23,6 +35,7 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
     "sweep": (sweep, "one technique over several values, both frameworks"),
     "diagnose": (diagnose, "input-, compute- or overhead-bound? with the evidence"),
     "report": (report, "markdown report + plots of a results folder"),
+    "compare": (compare, "two results folders, configuration by configuration, with intervals and verdicts"),
     "train": (train, "one framework's trainer in this process (the entry point under torchrun)"),
     "run": (run, "one configuration through both frameworks, paired"),
     "parity": (parity, "torch vs Flax on transferred weights: logits, statistics, gradients"),

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 
+from common.results import RunRecord
 from common.workloads import known_models
 from experiments.catalog.presets import PRESETS
 from experiments.execution.frameworks import CHOICES, FRAMEWORKS
-from experiments.execution.plan import PlanOptions
+from experiments.execution.plan import Adaptive, Configuration, PlannedRun, PlanOptions
 
 PLAN_SOURCES = ("cifar100", "cifar10", "mnist5k")  # the labelled sources a ladder or sweep reads
 
@@ -68,6 +70,29 @@ def unit_fraction(text: str) -> float:
     return value
 
 
+def percent(text: str) -> float:
+    """argparse type: a percentage in (0, 100), "5" or "5%", as a fraction (0.05)."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage such as 5 or 5%, got '{text}'") from None
+    if not 0 < value < 100:
+        raise argparse.ArgumentTypeError(f"must be a percentage between 0 and 100 (5 means +-5%), got {text}")
+    return value / 100
+
+
+def duration(text: str) -> float:
+    """argparse type: seconds, "480", "480s" or "8m" (above 0)."""
+    scale = 60.0 if text.strip().endswith("m") else 1.0
+    try:
+        value = float(text.strip().removesuffix("m").removesuffix("s")) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds such as 480, 480s or 8m, got '{text}'") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive duration, got {text}")
+    return value
+
+
 def int_list(text: str) -> list[int]:
     """argparse type: comma-separated integers of 0 or more (worker counts)."""
     try:
@@ -110,14 +135,26 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
                            "format")
     plan.add_argument("--steps", type=positive_int, default=None,
                       help="optimizer steps of each run (default: the preset's)")
-    plan.add_argument("--repeats", type=positive_int, default=3, help="runs of each configuration (the median is "
-                                                                      "reported)")
+    plan.add_argument("--repeats", type=positive_int, default=3,
+                      help="runs of each configuration, each a process of its own (runs are what the intervals count)")
     plan.add_argument("--devices", type=positive_int, default=None,
                       help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices); "
                            "default: one per process")
     plan.add_argument("--processes", type=positive_int, default=1,
                       help="JAX processes the devices are spread over (jax.distributed)")
     add_timeout_argument(plan, 1800.0)
+    answers = parser.add_argument_group("intervals and verdicts")
+    answers.add_argument("--precision", type=percent, default=None, metavar="P",
+                         help="after the requested repeats, add interleaved repeats of the configurations whose "
+                              "comparisons are still undecided until each is decided, or known within +-P percent "
+                              "(e.g. 5 or 5%%), or the time budget runs out")
+    answers.add_argument("--time-budget", type=duration, default=None, metavar="SECONDS",
+                         help="the most the whole command may take with its adaptive repeats (480, 480s or 8m); alone, "
+                              "it adds repeats of undecided comparisons until it runs out")
+    answers.add_argument("--max-repeats", type=positive_int, default=12,
+                         help="the most repeats of any configuration, the adaptive ones included")
+    answers.add_argument("--order-seed", type=nonnegative_int, default=0,
+                         help="seed of each repeat's random order of the configurations (recorded in every row)")
     output = parser.add_argument_group("output")
     output.add_argument("--name", default=None, help=f"results folder name (default: {default_name})")
     output.add_argument("--results", default="results", help="folder holding the results folders")
@@ -131,3 +168,13 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
                        data=args.data, steps=args.steps,
                        repeats=args.repeats, name=args.name, results=args.results, fresh=args.fresh,
                        devices=args.devices, processes=args.processes)
+
+
+def adaptive_options(args: argparse.Namespace, undecided: Callable[[list[RunRecord]], set[Configuration]],
+                     repeat: Callable[[int, set[Configuration]], list[PlannedRun]], started: float) -> Adaptive | None:
+    """The adaptive step of a ladder or sweep, when ``--precision`` or ``--time-budget`` asks for one."""
+    if args.precision is None and args.time_budget is None:
+        return None
+    return Adaptive(undecided, repeat, precision=args.precision, budget_s=args.time_budget, started=started,
+                    first_repeat=args.repeats, max_repeats=max(args.max_repeats, args.repeats),
+                    order_seed=args.order_seed)

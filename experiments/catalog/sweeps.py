@@ -25,6 +25,8 @@ class Sweep:
     overrides: Callable[[str, RunConfig, str], dict[str, Any] | None]
     # a run's config -> extra row fields known before it runs (the shapes sweep: the epoch's padding, framework-free)
     row_fields: Callable[[RunConfig], dict[str, Any]] | None = None
+    # base config -> the value every other is compared with (and the A/A control repeats): the preset's own
+    reference: Callable[[RunConfig], str] | None = None
 
 
 def _int(value: str) -> int:
@@ -145,28 +147,44 @@ def _setting(name: str, parse: Callable[[str], Any] = str) -> Callable[[str, Run
 
 
 SWEEPS: dict[str, Sweep] = {s.name: s for s in (
-    Sweep("workers", "loader workers (persistent, prefetch 4)", _workers_values, _workers),
-    Sweep("batch-size", "batch size (LR unchanged)", _batch_size_values, _setting("batch_size", _int)),
+    Sweep("workers", "loader workers (persistent, prefetch 4)", _workers_values, _workers,
+          reference=lambda base: str(base.workers)),
+    Sweep("batch-size", "batch size (LR unchanged)", _batch_size_values, _setting("batch_size", _int),
+          reference=lambda base: str(base.batch_size)),
     Sweep("accumulation", "gradient accumulation k at a fixed effective batch (micro-batch = B/k)",
-          _fixed("1", "2", "4"), _accumulation),
+          _fixed("1", "2", "4"), _accumulation, reference=lambda base: "1"),
     Sweep("checkpointing", "gradient checkpointing (activations recomputed in backward): none / ResNet stages or a "
-          "transformer's attention, blocks / all", _remat_values, _setting("remat")),
+          "transformer's attention, blocks / all", _remat_values, _setting("remat"),
+          reference=lambda base: "none"),
     Sweep("attention", "attention kernel: naive (softmax(QK^T/sqrt(d))V written out) / fused "
-          "(F.scaled_dot_product_attention, jax.nn.dot_product_attention)", _fixed("naive", "fused"), _attention),
+          "(F.scaled_dot_product_attention, jax.nn.dot_product_attention)", _fixed("naive", "fused"), _attention,
+          reference=lambda base: base.attention),
     Sweep("precision", "compute precision (fp16 with loss scaling; params, BN statistics and loss fp32)",
-          _fixed("fp32", "bf16", "fp16"), _setting("precision")),
+          _fixed("fp32", "bf16", "fp16"), _setting("precision"),
+          reference=lambda base: "fp32"),
     Sweep("scaling", "data-parallel replicas at a fixed per-replica batch (torch DDP processes; JAX devices, "
-          "host devices on a CPU): the global batch grows with them", _fixed("1", "2", "4"), _setting("devices", _int)),
+          "host devices on a CPU): the global batch grows with them", _fixed("1", "2", "4"), _setting("devices", _int),
+          reference=lambda base: "1"),
     Sweep("pipeline", "pipeline stages at a fixed batch (2: GPipe over pipeline_micro_batches; torch processes, "
-          "JAX devices, host devices on a CPU)", _fixed("1", "2"), _setting("pipeline_stages", _int)),
+          "JAX devices, host devices on a CPU)", _fixed("1", "2"), _setting("pipeline_stages", _int),
+          reference=lambda base: "1"),
     Sweep("shapes", "variable-length text: batching (pad to the split's longest, the batch's longest, buckets) x "
           "torch.compile dynamic (false / default / true / mark_dynamic); JAX jit compiles a program per shape; one "
-          "epoch each", _fixed(*SHAPE_VALUES), _shapes, row_fields=_shape_fields),
+          "epoch each", _fixed(*SHAPE_VALUES), _shapes, row_fields=_shape_fields,
+          reference=lambda base: "pad-max"),
     Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)", _compile_mode_values,
-          _compile_mode),
+          _compile_mode, reference=lambda base: "eager"),
     Sweep("xla-flags", "XLA_FLAGS of the JAX side (XLA:CPU switches; 'default': none); torch is not run",
-          lambda base, cuda: list(XLA_CPU_CANDIDATES), _xla_flags),
+          lambda base, cuda: list(XLA_CPU_CANDIDATES), _xla_flags,
+          reference=lambda base: "default"),
 )}
+
+
+def reference_value(sweep: Sweep, values: list[str], base: RunConfig) -> str:
+    """The value a sweep's others are compared with in one framework: the preset's own setting (``reference``),
+    or the first value that framework runs when it does not run that one (or the sweep names none)."""
+    wanted = sweep.reference(base) if sweep.reference is not None else None
+    return wanted if wanted in values else values[0]
 
 
 def mode_for(compile_option: str, framework: str) -> str:

@@ -5,21 +5,27 @@ accuracy over whole epochs."""
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import replace
 
+from common.results import RunRecord
 from experiments.catalog import defaults
 from experiments.catalog.presets import model_tag
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, default_loader_workers, parse_order
 from experiments.execution.device import cuda_available
 from experiments.execution.plan import (
+    Configuration,
     LadderOptions,
+    PlannedRun,
     execute,
     ladder_plan,
+    ladder_repeat,
     outcome_line,
     prepare,
     with_paired_weights,
 )
 from experiments.options import (
+    adaptive_options,
     add_plan_arguments,
     console_for_output,
     nonnegative_int,
@@ -27,6 +33,8 @@ from experiments.options import (
     positive_int,
     unit_fraction,
 )
+from experiments.reporting.analysis import analyse, ladder_pairs
+from experiments.reporting.cells import ladder_cells
 from experiments.reporting.report import write_report
 
 
@@ -64,6 +72,7 @@ def _default_name(args: argparse.Namespace, order: tuple[str, ...]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     order = parse_order(args.rungs)
     options = plan_options(args)
     accuracy = args.to_accuracy is not None or args.epochs is not None
@@ -75,11 +84,21 @@ def run(args: argparse.Namespace) -> int:
     workers = args.workers if args.workers is not None else default_loader_workers()
     ladder = LadderOptions(Device(cuda_available(), workers), order, args.ablations, args.to_accuracy, args.epochs,
                            args.inject_failure, args.break_lr)
-    plan = ladder_plan(prepared, args.repeats, args.preset, ladder)
+    plan = ladder_plan(prepared, args.repeats, args.preset, ladder, args.order_seed)
     console = console_for_output()
-    outcome = execute(plan, prepared.store, "ladder", args.timeout, console, fresh=args.fresh)
+
+    def undecided(records: list[RunRecord]) -> set[Configuration]:
+        cells = ladder_cells(records)
+        return analyse(cells, ladder_pairs(cells, order)).needs_more(args.precision)
+
+    def repeat(number: int, only: set[Configuration]) -> list[PlannedRun]:
+        return ladder_repeat(prepared, number, f"{number + 1} (adaptive)", args.preset, ladder, only)
+
+    outcome = execute(plan, prepared.store, prepared.out.name, args.timeout, console, fresh=args.fresh,
+                      adaptive=adaptive_options(args, undecided, repeat, started))
     report = write_report(prepared.out)
-    console.print(report.table)
+    for table in (report.table, *report.tables):
+        console.print(table)
     for line in report.summary:
         console.print(line)
     console.print(f"rows: {prepared.store.path} (exports: {prepared.store.jsonl.name}, {prepared.store.csv.name})\n"

@@ -145,6 +145,8 @@ def measure_in_process(framework: str, config: RunConfig) -> dict[str, Any]:
             "trainer_step_s": asdict(result.timing.step_s), "minimal_s": bare, "ratio": trainer.median / bare["median"],
             "minimal_before_median_s": statistics.median(before), "minimal_after_median_s": statistics.median(after),
             "timed_steps": timed, "num_classes": arch.num_classes,
+            # the steps themselves, for the ratio's interval (experiments/commands/overhead.py)
+            "trainer_samples_s": list(result.timing.compute_samples_s), "minimal_samples_s": before + after,
             # the same model, initial weights and first batch: the two first losses must agree
             "first_loss": {"trainer": result.losses[0], "minimal": first_loss}}
 

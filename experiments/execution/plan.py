@@ -5,8 +5,10 @@ results folder beside the plan."""
 
 from __future__ import annotations
 
+import random
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,9 @@ from common.versions import host_info
 from common.workloads import workload_for
 from experiments.catalog.defaults import default_archive, default_text_folder
 from experiments.catalog.presets import preset_settings
+from experiments.catalog.rows import AA, AA_SUFFIX, ADAPTIVE_COMMAND, ADAPTIVE_KEY, configuration_of
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, Rung, ladder_rungs, rung_config, skip_reason
-from experiments.catalog.sweeps import Sweep, mode_for
+from experiments.catalog.sweeps import Sweep, mode_for, reference_value
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
@@ -112,46 +115,81 @@ class LadderOptions:
     break_lr: str | None = None  # test hook, a rung name: its LR is broken (1e-6), a planted accuracy drop
 
 
-def ladder_plan(prepared: Prepared, repeats: int, preset: str, options: LadderOptions) -> list[PlannedRun]:
-    """Every rung (cumulative, then the ablations) x framework x repeat. Each (rung, framework) has a compile
-    cache of its own: repeat 0 starts it empty (a cold compile, measured), later repeats read it (said in the
-    row's ``cache`` field and in the report). With ``to_accuracy``/``epochs`` each repeat has its own seed (its
-    own initial weights and batch order, the same in both frameworks), so the spread over repeats is real."""
+Configuration = tuple[str, str]  # (group, framework): a rung or sweep value (the A/A duplicate apart) in a framework
+
+
+def ladder_plan(prepared: Prepared, repeats: int, preset: str, options: LadderOptions,
+                order_seed: int = 0) -> list[PlannedRun]:
+    """Every rung (cumulative, then the ablations) and the A/A control x framework x repeat, each repeat in its own
+    seeded random order (``ordered``). Each (rung, framework) has a compile cache of its own; the first run to use
+    one in the job starts it empty (a cold compile, measured), later runs read it (said in the row's ``cache``
+    field and in the report). With ``to_accuracy``/``epochs`` each repeat has its own seed (its own initial weights
+    and batch order, the same in both frameworks), so the spread over repeats is real."""
+    jobs = [job for repeat in range(repeats) for job in ladder_repeat(prepared, repeat, f"{repeat + 1}/{repeats}",
+                                                                     preset, options)]
+    return ordered(jobs, order_seed)
+
+
+def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, options: LadderOptions,
+                  only: set[Configuration] | None = None) -> list[PlannedRun]:
+    """One repeat of the ladder, in plan order (``ordered`` shuffles it): every rung and the A/A control (the top
+    rung once more) in each framework; ``only``: just these configurations (an adaptive repeat)."""
     plan = []
     rungs = ladder_rungs(options.order, options.ablations)
     top = rungs[len(options.order)]
-    for repeat in range(repeats):
-        base = _repeat_base(prepared, repeat, options)
-        for rung in rungs:
-            for framework in prepared.frameworks:
-                config = rung_config(rung, base, options.device)
-                cache, cold, cache_text = _cache_of(rung, top, config, rung_config(top, base, options.device), repeat)
-                if options.inject_failure == f"{rung.name}:{framework}":
-                    config = config.replace(fail_after_step=1)
-                if options.break_lr == rung.name:
-                    config = config.replace(lr=1e-6)
-                # one TensorBoard run per rung, repeat and framework (the writer adds the framework's folder)
-                config = config.replace(tensorboard_dir=str(prepared.out / "tensorboard" / f"{rung.name}-r{repeat}"))
-                plan.append(PlannedRun(
-                    key=f"ladder/{rung.name}/{framework}/r{repeat}", framework=framework, config=config,
-                    label=f"{rung.title:>16} {framework:<5} repeat {repeat + 1}/{repeats}", command="ladder",
-                    fields={"rung": rung.name, "rung_index": rung.index, "ablation": rung.ablation,
-                            "techniques": list(rung.techniques), "repeat": repeat, "preset": preset,
-                            "cache": cache_text},
-                    skip_reason=skip_reason(config, framework),
-                    cache=str(prepared.out / "compile-cache" / f"{cache}-{framework}"), cold=cold))
+    base = _repeat_base(prepared, repeat, options)
+    top_config = rung_config(top, base, options.device)
+    for rung, control in [*((r, None) for r in rungs), (top, AA)]:
+        group = rung.name + (AA_SUFFIX if control else "")
+        for framework in prepared.frameworks:
+            if only is not None and (group, framework) not in only:
+                continue
+            config = rung_config(rung, base, options.device)
+            if options.inject_failure == f"{rung.name}:{framework}" and not control:
+                config = config.replace(fail_after_step=1)
+            if options.break_lr == rung.name:
+                config = config.replace(lr=1e-6)
+            # one TensorBoard run per rung, repeat and framework (the writer adds the framework's folder)
+            config = config.replace(tensorboard_dir=str(prepared.out / "tensorboard" / f"{group}-r{repeat}"))
+            title = f"{rung.title} (A/A)" if control else rung.title
+            plan.append(PlannedRun(
+                key=f"ladder/{group}/{framework}/r{repeat}", framework=framework, config=config,
+                label=f"{title:>16} {framework:<5} repeat {counted}", command="ladder",
+                fields={"rung": rung.name, "rung_index": rung.index, "ablation": rung.ablation,
+                        "techniques": list(rung.techniques), "repeat": repeat, "preset": preset,
+                        **({"control": control} if control else {})},
+                skip_reason=skip_reason(config, framework),
+                cache=str(prepared.out / "compile-cache" / f"{_cache_of(rung, top, config, top_config)}-{framework}")))
     return plan
 
 
-def _cache_of(rung: Rung, top: Rung, config: RunConfig, top_config: RunConfig, repeat: int) -> tuple[str, bool, str]:
-    """(the compile cache's name, whether to empty it first, what the row says of it). Every cumulative rung has
-    its own, cold on repeat 0; an ablation that compiles the top rung's program (the same dtype; the loader and
-    the flags leave the graph alone) reads the top rung's cache, filled before it: its compile is measured there."""
+def _cache_of(rung: Rung, top: Rung, config: RunConfig, top_config: RunConfig) -> str:
+    """The compile cache's name. Every cumulative rung has its own; an ablation that compiles the top rung's program
+    (the same dtype; the loader and the flags leave the graph alone) reads the top rung's, as the A/A control does."""
     shares = (rung.ablation is not None and config.compile == "compiled" and config.precision == top_config.precision
               and config.remat == top_config.remat)
-    if shares:
-        return top.name, False, f"warm: the {top.name} rung's compile cache"
-    return rung.name, repeat == 0, "cold" if repeat == 0 else "warm: repeat 0's compile cache"
+    return top.name if shares else rung.name
+
+
+def ordered(jobs: list[PlannedRun], seed: int, filled: frozenset[str] = frozenset()) -> list[PlannedRun]:
+    """The jobs repeat by repeat, each repeat in a random order drawn from ``seed`` and the repeat's number (so a
+    machine that slows down over the job favours no configuration, and a rerun plans the same order), each row
+    recording its place (``order``) and the seed. A compile cache is emptied before the first job that uses it, a
+    cold compile, unless it was ``filled`` already; later jobs read it (their ``cache`` field says whose)."""
+    out: list[PlannedRun] = []
+    first_user: dict[str, str] = {}
+    for repeat in sorted({int(job.fields["repeat"]) for job in jobs}):
+        batch = [job for job in jobs if job.fields["repeat"] == repeat]
+        random.Random(f"{seed}:{repeat}").shuffle(batch)
+        for place, job in enumerate(batch):
+            fields = {**job.fields, "order": place, "order_seed": seed}
+            cold = False
+            if job.cache is not None:
+                cold = job.cache not in first_user and job.cache not in filled
+                fields["cache"] = "cold" if cold else f"warm: {first_user.get(job.cache, 'an earlier run')}'s cache"
+                first_user.setdefault(job.cache, job.key)
+            out.append(replace(job, cold=cold, fields=fields))
+    return out
 
 
 def _repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunConfig:
@@ -167,22 +205,41 @@ def _repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> Run
 
 
 def sweep_plan(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...],
-               repeats: int, preset: str, compile_option: str = "native") -> list[PlannedRun]:
-    """Every value x framework x repeat; a value with no meaning in a framework is left out for it."""
+               repeats: int, preset: str, compile_option: str = "native", order_seed: int = 0) -> list[PlannedRun]:
+    """Every value and the A/A control (the sweep's reference value once more) x framework x repeat, each repeat in
+    its own seeded random order; a value with no meaning in a framework is left out for it."""
+    jobs = [job for repeat in range(repeats)
+            for job in sweep_repeat(sweep, values, base, frameworks, repeat, f"{repeat + 1}/{repeats}", preset,
+                                    compile_option)]
+    return ordered(jobs, order_seed)
+
+
+def sweep_repeat(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...], repeat: int,
+                 counted: str, preset: str, compile_option: str = "native",
+                 only: set[Configuration] | None = None) -> list[PlannedRun]:
+    """One repeat of a sweep in plan order; ``only``: just these configurations (an adaptive repeat)."""
     plan = []
-    for repeat in range(repeats):
-        for index, value in enumerate(values):
-            for framework in frameworks:
-                changes = sweep.overrides(value, base, framework)
-                if changes is None:
-                    continue
-                config = base.replace(**{"compile": mode_for(compile_option, framework), **changes})
-                plan.append(PlannedRun(
-                    key=f"sweep/{sweep.name}/{value}/{framework}/r{repeat}", framework=framework, config=config,
-                    label=f"{sweep.name}={value} {framework:<5} repeat {repeat + 1}/{repeats}", command="sweep",
-                    fields={"technique": sweep.name, "knob": sweep.knob, "value": value, "value_index": index,
-                            "repeat": repeat, "preset": preset, "mode": compile_option,
-                            **(sweep.row_fields(config) if sweep.row_fields else {})}))
+    for framework in frameworks:
+        runnable = [(i, v, c) for i, v in enumerate(values)
+                    if (c := sweep.overrides(v, base, framework)) is not None]
+        if not runnable:
+            continue
+        reference = reference_value(sweep, [v for _, v, _ in runnable], base)
+        controls = [(i, v, c, None) for i, v, c in runnable]
+        controls += [(i, v, c, AA) for i, v, c in runnable if v == reference]
+        for index, value, changes, control in controls:
+            group = value + (AA_SUFFIX if control else "")
+            if only is not None and (group, framework) not in only:
+                continue
+            config = base.replace(**{"compile": mode_for(compile_option, framework), **changes})
+            title = f"{sweep.name}={value}" + (" (A/A)" if control else "")
+            plan.append(PlannedRun(
+                key=f"sweep/{sweep.name}/{group}/{framework}/r{repeat}", framework=framework, config=config,
+                label=f"{title} {framework:<5} repeat {counted}", command="sweep",
+                fields={"technique": sweep.name, "knob": sweep.knob, "value": value, "value_index": index,
+                        "reference": reference, "repeat": repeat, "preset": preset, "mode": compile_option,
+                        **({"control": control} if control else {}),
+                        **(sweep.row_fields(config) if sweep.row_fields else {})}))
     return plan
 
 
@@ -202,11 +259,31 @@ def run_job(job: PlannedRun, timeout_s: float | None) -> RunRecord:
 
 
 @dataclass(frozen=True)
+class Adaptive:
+    """The adaptive step after the requested repeats (``--precision``, ``--time-budget``): repeats of only the
+    configurations whose comparisons are still undecided, each in a seeded random order, until every comparison is
+    decided or known within ``precision``, the time budget would be overrun, or ``max_repeats`` is reached.
+    ``undecided`` (the report's judgement, given by the command) names the configurations that need more runs;
+    ``repeat`` makes one extra repeat's jobs for them."""
+
+    undecided: Callable[[list[RunRecord]], set[Configuration]]
+    repeat: Callable[[int, set[Configuration]], list[PlannedRun]]
+    precision: float | None = None  # the interval half-width (0.05: +-5%) at which an undecided comparison is settled
+    budget_s: float | None = None  # seconds the whole command may take, counted from ``started``
+    started: float = field(default_factory=time.monotonic)
+    first_repeat: int = 1  # the number of the first extra repeat (the requested repeats come before it)
+    max_repeats: int = 12  # repeats in all, requested ones included
+    order_seed: int = 0
+
+
+@dataclass(frozen=True)
 class Outcome:
-    """How a plan ended: the keys of its jobs that did not finish (failed or timed out), each with its error."""
+    """How a plan ended: the keys of its jobs that did not finish (failed or timed out), each with its error, and
+    what the adaptive step did (None: there was none)."""
 
     planned: int
     failed: dict[str, str]
+    adaptive: dict[str, Any] | None = None
 
     @property
     def complete(self) -> bool:
@@ -214,33 +291,98 @@ class Outcome:
 
 
 def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: float | None, console: Console,
-            fresh: bool = False) -> Outcome:
+            fresh: bool = False, adaptive: Adaptive | None = None) -> Outcome:
     """Runs the jobs whose keys have not finished with these settings, storing each row as it ends; then the
-    device's matmul rate, once per results folder (the report reads it, never measures it). ``fresh``: the
-    folder's earlier results are moved aside first (the caller has validated everything by now)."""
+    adaptive step, if asked for; then the device's matmul rate, once per results folder (the report reads it, never
+    measures it). ``fresh``: the folder's earlier results are moved aside first (the caller has validated everything
+    by now). The progress bar's last line names the job (``title``)."""
     host = host_info()
     moved = store.start({job.key: run_settings(job.config.to_dict(), host) for job in plan}, fresh)
     if moved:
         console.print(f"earlier results moved to {moved}")
     finished = store.finished_keys()
+    ran = list(plan)
+    summary = None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task(title, total=len(plan))
         for job in plan:
             if job.key not in finished:
                 progress.update(task, description=job.label)
-                record = run_job(job, timeout_s)
-                store.add(record.to_row())
-                if record.status not in ("ok", "skipped"):
-                    progress.console.print(f"[red]{job.key} {record.status}[/]: {str(record.result.error or '')[:300]}")
+                _run_and_store(job, store, timeout_s, progress)
             progress.advance(task)
-        progress.update(task, description="device matmul rate")
+        if adaptive is not None:
+            extra, summary = _adaptive(adaptive, plan, store, timeout_s, progress, task)
+            ran += extra
+        progress.update(task, description=f"{title}: device matmul rate")
         ensure_matmul_rate(store, timeout_s)
+        progress.update(task, description=title)
+    if summary is not None:
+        store.add({"key": ADAPTIVE_KEY, "command": ADAPTIVE_COMMAND, "status": "ok", **summary})
     store.export()  # even when nothing ran: an export changed by hand is kept aside and written anew
     rows = {row["key"]: row for row in store.rows()}
-    failed = {job.key: str(rows.get(job.key, {}).get("error") or "no row") for job in plan
+    failed = {job.key: str(rows.get(job.key, {}).get("error") or "no row") for job in ran
               if rows.get(job.key, {}).get("status") not in ("ok", "diverged", "skipped")}
-    return Outcome(len(plan), failed)
+    return Outcome(len(ran), failed, summary)
+
+
+def _run_and_store(job: PlannedRun, store: ResultStore, timeout_s: float | None, progress: Progress) -> RunRecord:
+    record = run_job(job, timeout_s)
+    store.add(record.to_row())
+    if record.status not in ("ok", "skipped"):
+        progress.console.print(f"[red]{job.key} {record.status}[/]: {str(record.result.error or '')[:300]}")
+    return record
+
+
+def _adaptive(adaptive: Adaptive, plan: list[PlannedRun], store: ResultStore, timeout_s: float | None,
+              progress: Progress, task: Any) -> tuple[list[PlannedRun], dict[str, Any]]:
+    """The extra repeats (see ``Adaptive``); returns their jobs and what happened, for the plan's adaptive row."""
+    commands = {job.command for job in plan}
+    filled = frozenset(job.cache for job in plan if job.cache)
+    added: dict[str, int] = {}
+    ran: list[PlannedRun] = []
+    stopped, repeat = "every comparison decided or within the precision", adaptive.first_repeat
+    while True:
+        records = [r for r in store.records() if r.command in commands]
+        need = adaptive.undecided(records)
+        if not need:
+            break
+        if repeat >= adaptive.max_repeats:
+            stopped = f"the most repeats ({adaptive.max_repeats}) reached"
+            break
+        jobs = ordered(adaptive.repeat(repeat, need), adaptive.order_seed, filled)
+        finished = store.finished_keys()
+        jobs = [job for job in jobs if job.key not in finished]
+        progress.update(task, total=next(t.total for t in progress.tasks if t.id == task) + len(jobs))
+        for job in jobs:
+            if adaptive.budget_s is not None:
+                left = adaptive.budget_s - (time.monotonic() - adaptive.started)
+                if _expected_s(job, records) > left:
+                    stopped = f"the time budget ({adaptive.budget_s:g} s) ran out"
+                    return ran, _summary(adaptive, added, stopped, need)
+            progress.update(task, description=f"{job.label} (adaptive)")
+            _run_and_store(job, store, timeout_s, progress)
+            ran.append(job)
+            name = f"{configuration_of(job.fields)} {job.framework}"
+            added[name] = added.get(name, 0) + 1
+            progress.advance(task)
+        repeat += 1
+    return ran, _summary(adaptive, added, stopped, set())
+
+
+def _summary(adaptive: Adaptive, added: dict[str, int], stopped: str, left: set[Configuration]) -> dict[str, Any]:
+    return {"precision": adaptive.precision, "budget_s": adaptive.budget_s, "added": added, "stopped": stopped,
+            "still_needed": sorted(f"{group} {framework}" for group, framework in left)}
+
+
+def _expected_s(job: PlannedRun, records: list[RunRecord]) -> float:
+    """How long ``job`` will take: the median wall time of its configuration's earlier runs (of any run, for a
+    configuration not run yet)."""
+    prefix = job.key.rsplit("/", 1)[0] + "/"
+    own = sorted(r.wall_s for r in records if r.key.startswith(prefix) and r.wall_s == r.wall_s)
+    every = sorted(r.wall_s for r in records if r.wall_s == r.wall_s)
+    chosen = own or every
+    return chosen[len(chosen) // 2] if chosen else 0.0
 
 
 def outcome_line(outcome: Outcome) -> str:

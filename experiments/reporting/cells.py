@@ -1,5 +1,7 @@
-"""Runs grouped into cells, (group, framework) -> aggregated over repeats: the median of the per-run medians
-and their spread. The group is the rung of a ladder or the value of a sweep."""
+"""Runs grouped into cells, (group, framework) -> the runs of one configuration over repeats. The group is the rung
+of a ladder or the value of a sweep; the A/A control's duplicate runs are a group of their own (the original's name
+with AA_SUFFIX). Each run is one value of its cell (its median step time): reporting/analysis.py makes the estimates,
+intervals and verdicts from them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.results import RunRecord
+from experiments.catalog.rows import AA_SUFFIX, group_of
 
 NAN = float("nan")
 Cells = dict[tuple[str, str], "Cell"]
@@ -31,16 +34,24 @@ class Cell:
 
     @property
     def steps_s(self) -> list[float]:
+        """Each finished run's median step time: the cell's values (runs are the unit of replication)."""
         return [r.result.timing.step_s.median for r in self.runs if r.result.timing.step_s is not None]
 
     @property
     def step_s(self) -> float:
-        return median(self.steps_s)
+        """The geometric mean of the runs' median step times (the estimate reporting/analysis.py gives an interval)."""
+        steps = [s for s in self.steps_s if s > 0]
+        return math.exp(statistics.fmean(math.log(s) for s in steps)) if steps else NAN
 
     @property
     def step_spread(self) -> tuple[float, float]:
         steps = self.steps_s
         return (min(steps), max(steps)) if steps else (NAN, NAN)
+
+    @property
+    def control(self) -> bool:
+        """Whether this is the A/A control's duplicate of another cell."""
+        return any(r.fields.get("control") for r in self.runs)
 
     @property
     def images_per_s(self) -> float:
@@ -96,7 +107,7 @@ def aggregate(records: list[RunRecord], command: str, group_field: str, order_fi
     for record in records:
         if record.command != command:
             continue
-        key = (str(record.fields[group_field]), record.framework)
+        key = (group_of(record.fields, group_field), record.framework)
         cell = grouped.setdefault(key, {"order": record.fields[order_field], "runs": [], "failed": 0, "skipped": 0,
                                         "errors": []})
         if record.status == "ok":
@@ -117,4 +128,12 @@ def sweep_cells(records: list[RunRecord]) -> Cells:
 
 
 def ordered_groups(cells: Cells) -> list[str]:
-    return sorted({g for g, _ in cells}, key=lambda g: min(c.order for (h, _), c in cells.items() if h == g))
+    """The groups in plan order, the A/A control's duplicate right after its original."""
+    return sorted({g for g, _ in cells}, key=lambda g: (min(c.order for (h, _), c in cells.items() if h == g),
+                                                         g.endswith(AA_SUFFIX)))
+
+
+def measured(cells: Cells) -> Cells:
+    """The cells of the configurations themselves, the A/A control's duplicates left out (tables and plots show
+    those in the noise-floor line, not as a configuration)."""
+    return {key: cell for key, cell in cells.items() if not key[0].endswith(AA_SUFFIX)}

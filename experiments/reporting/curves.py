@@ -67,7 +67,8 @@ def _curves(records: list[RunRecord], group_field: str, order_field: str) -> lis
     """The lowest finished repeat with losses of each (group, framework), in the groups' order."""
     chosen: dict[tuple[str, str], RunRecord] = {}
     for record in records:
-        if record.status != "ok" or not record.result.losses or group_field not in record.fields:
+        if (record.status != "ok" or not record.result.losses or group_field not in record.fields
+                or record.fields.get("control")):  # the A/A control's duplicate draws its original again
             continue
         key = (str(record.fields[group_field]), record.framework)
         if key not in chosen or _repeat(record) < _repeat(chosen[key]):

@@ -33,19 +33,26 @@ def _finished(cells: Cells) -> bool:
     return any(math.isfinite(c.step_s) and c.step_s > 0 for c in cells.values())
 
 
-def plot_step_time(cells: Cells, path: Path, title: str) -> Path | None:
-    """Bars of the median step time per group and framework (None, and no file, if no run finished)."""
+def plot_step_time(cells: Cells, analysis: Any, path: Path, title: str) -> Path | None:
+    """Bars of each configuration's step time (the geometric mean of its runs) with its 95% interval as error bars,
+    per group and framework (None, and no file, if no run finished). A bar without an interval (one run, nothing to
+    pool) has no whisker."""
     if not _finished(cells):
         return None
     plt = _pyplot()
     names = ordered_groups(cells)
-    figure, axis = plt.subplots(figsize=(8, 4))
+    figure, axis = plt.subplots(figsize=(max(8, 0.9 * len(names) + 2), 4))
     width = 0.38
     for offset, framework in zip((-width / 2, width / 2), FRAMEWORKS, strict=True):
-        values = [cells[(n, framework)].step_s * 1e3 if (n, framework) in cells else NAN for n in names]
-        axis.bar([i + offset for i in range(len(names))], values, width, label=framework)
-    axis.set_xticks(range(len(names)), names)
-    axis.set_ylabel("median step time, ms (log)")
+        points = [analysis.estimates.get((n, framework)) for n in names]
+        values = [e.value * 1e3 if e is not None and e.runs else NAN for e in points]
+        bounds = [e.interval() if e is not None and e.runs else (NAN, NAN) for e in points]
+        below = [v - lo * 1e3 if math.isfinite(lo) else 0.0 for v, (lo, _) in zip(values, bounds, strict=True)]
+        above = [hi * 1e3 - v if math.isfinite(hi) else 0.0 for v, (_, hi) in zip(values, bounds, strict=True)]
+        axis.bar([i + offset for i in range(len(names))], values, width, label=framework, yerr=[below, above],
+                 capsize=3, error_kw={"elinewidth": 1})
+    axis.set_xticks(range(len(names)), names, rotation=20 if len(names) > 6 else 0, fontsize=8)
+    axis.set_ylabel("step time, ms (log), 95% interval")
     axis.set_yscale("log")  # op-by-op JAX is ~30x slower than the rest: linear hides every other bar
     axis.set_title(title)
     axis.legend()
@@ -99,6 +106,10 @@ def plot_memory_vs_time(cells: Cells, path: Path, title: str) -> Path | None:
 
 
 def plot_latency(rows: list[dict[str, Any]], path: Path) -> Path | None:
+    """Batch-1 latency per variant: p50 bars with their 95% intervals (order statistics of the calls) as error bars,
+    and the p99 as a mark."""
+    from experiments.reporting.stats import quantile_interval
+
     ok = [r for r in rows if r.get("command") == "infer" and r.get("status") == "ok"]
     if not ok:
         return None
@@ -107,7 +118,10 @@ def plot_latency(rows: list[dict[str, Any]], path: Path) -> Path | None:
     labels = [f"{r['variant']}\n{r['framework']}" for r in ok]
     p50 = [r["latency_b1_ms"]["p50"] for r in ok]
     p99 = [r["latency_b1_ms"]["p99"] for r in ok]
-    axis.bar(labels, p50, label="p50")
+    bounds = [quantile_interval(r["latency_b1_ms"].get("samples") or [], 0.5)[1:] for r in ok]
+    below = [v - lo if math.isfinite(lo) else 0.0 for v, (lo, _) in zip(p50, bounds, strict=True)]
+    above = [hi - v if math.isfinite(hi) else 0.0 for v, (_, hi) in zip(p50, bounds, strict=True)]
+    axis.bar(labels, p50, label="p50 (95% interval)", yerr=[below, above], capsize=3)
     axis.scatter(labels, p99, color="black", marker="_", s=300, label="p99", zorder=3)
     axis.set_yscale("log")
     axis.set_ylabel("batch-1 latency, ms (log)")

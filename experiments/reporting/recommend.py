@@ -1,6 +1,7 @@
-"""The ladder's answer: per framework, the fastest configuration measured (cumulative rungs and ablations alike),
-its speedup over the baseline, and the exact ``twinrun run`` command that reproduces it; and what a technique
-the hardware emulates costs here."""
+"""The ladder's answer in words: per framework, the configuration with the fewest techniques among those not
+detectably slower than the fastest (reporting/analysis.py picks it), its gain over the baseline with its interval,
+what it is tied with, and the exact ``twinrun run`` command that reproduces it; or that the data cannot support a
+recommendation. And what a technique the hardware emulates costs here."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from dataclasses import dataclass, fields
 from common.capabilities import Capabilities, emulation
 from common.cli import FLAG_ALIASES
 from common.config import RunConfig
-from experiments.execution.frameworks import FRAMEWORKS
-from experiments.reporting.cells import NAN, Cell, Cells
+from experiments.reporting.analysis import Analysis, Recommendation
+from experiments.reporting.cells import Cell, Cells
+from experiments.reporting.stats import Comparison, Estimate
 
 # RunConfig fields a reproducing command leaves out: the paired weights `twinrun run` makes again from the seed,
 # outputs, and test hooks.
@@ -42,29 +44,9 @@ def run_command(config: RunConfig, framework: str) -> str:
     return shlex.join(words)
 
 
-@dataclass(frozen=True)
-class Choice:
-    framework: str
-    group: str  # the rung or ablation's name
-    title: str
-    value: float  # what was ranked: median step seconds, or median seconds to the target accuracy
-    baseline: float
-    command: str
-    measure: str  # "step time" | "time to accuracy"
-
-    @property
-    def speedup(self) -> float:
-        return self.baseline / self.value if self.value else NAN
-
-    def line(self) -> str:
-        unit = "ms a step" if self.measure == "step time" else "s to the target accuracy"
-        scale = 1e3 if self.measure == "step time" else 1.0
-        return (f"{self.framework}: fastest configuration measured: {self.title} ({self.value * scale:.1f} {unit}, "
-                f"{self.speedup:.2f}x the baseline's {self.baseline * scale:.1f}). Reproduce: `{self.command}`")
-
-
-def title_of(cell: Cell) -> str:
-    example = cell.example
+def title_of(cell: Cell | None) -> str:
+    """A configuration's name with its techniques: "top - amp (loader, flags, compile)"."""
+    example = cell.example if cell is not None else None
     if example is None:
         return "?"
     ablation = example.fields.get("ablation")
@@ -73,21 +55,47 @@ def title_of(cell: Cell) -> str:
     return f"{name} ({', '.join(techniques) or 'no technique'})"
 
 
-def fastest(cells: Cells, score: dict[tuple[str, str], float] | None = None,
-            measure: str = "step time") -> list[Choice]:
-    """Per framework, the cell with the lowest score (default: median step time) among those measured."""
-    choices = []
-    for framework in FRAMEWORKS:
-        mine = {group: cell for (group, fw), cell in cells.items() if fw == framework and cell.example is not None}
-        values = {g: score.get((g, framework), NAN) if score is not None else c.step_s for g, c in mine.items()}
-        values = {g: v for g, v in values.items() if math.isfinite(v)}
-        if not values or "baseline" not in mine:
-            continue
-        group = min(values, key=values.__getitem__)
-        config = RunConfig.from_dict(mine[group].example.config)  # type: ignore[union-attr]
-        choices.append(Choice(framework, group, title_of(mine[group]), values[group],
-                              values.get("baseline", NAN), run_command(config, framework), measure))
-    return choices
+@dataclass(frozen=True)
+class Answer:
+    """The recommendation in words, per framework: what to run (with the command that rebuilds it), what it is tied
+    with, and its gain over the baseline with the interval; or that the data cannot support one."""
+
+    recommendation: Recommendation
+    cells: Cells
+    estimates: dict[tuple[str, str], Estimate]
+    measure: str = "step time"  # or "time to accuracy"
+
+    def _value(self, group: str) -> str:
+        estimate = self.estimates[(group, self.recommendation.framework)]
+        lo, hi = estimate.interval()
+        scale, unit = (1e3, "ms a step") if self.measure == "step time" else (1.0, "s to the target accuracy")
+        bounds = f" [{lo * scale:.1f}, {hi * scale:.1f}]" if math.isfinite(lo) else " (no interval)"
+        return f"{estimate.value * scale:.1f} {unit}{bounds}"
+
+    @property
+    def command(self) -> str:
+        rec = self.recommendation
+        example = self.cells[(rec.chosen, rec.framework)].example
+        assert example is not None
+        return run_command(RunConfig.from_dict(example.config), rec.framework)
+
+    def line(self) -> str:
+        rec = self.recommendation
+        chosen = self.cells[(rec.chosen, rec.framework)]
+        tied = (f"; tied with (not detectably slower than the fastest, {rec.fastest}): "
+                f"{', '.join(rec.tied)}" if rec.tied else "; no other configuration is tied with it")
+        if rec.chosen == "baseline":
+            return (f"{rec.framework}: no recommendation the data can support: the baseline ({self._value('baseline')})"
+                    f" is not detectably slower than the fastest configuration measured ({rec.fastest}, "
+                    f"{self._value(rec.fastest)}), so no technique buys a detectable gain in {self.measure} here{tied}")
+        gain = rec.against_baseline
+        assert gain is not None
+        if not rec.supported:
+            return (f"{rec.framework}: no recommendation the data can support: the simplest of the fastest "
+                    f"configurations, {title_of(chosen)} ({self._value(rec.chosen)}), against the baseline: "
+                    f"{gain.text()}{tied}")
+        return (f"{rec.framework}: recommended: {title_of(chosen)}, {self._value(rec.chosen)}, against the baseline "
+                f"{gain.text()} ({gain.speedup_text()}){tied}. Reproduce: `{self.command}`")
 
 
 def on_gpu(device: str) -> bool:
@@ -97,20 +105,23 @@ def on_gpu(device: str) -> bool:
 @dataclass(frozen=True)
 class Emulated:
     why: str  # "bf16 emulated on this device (CPU without ...)"
-    cost: float  # step time against the same techniques in fp32, minus 1 (NaN: that run is not measured)
+    cost: Comparison | None  # its step time against the same techniques in fp32 (None: that run is not measured)
 
     def text(self) -> str:
-        if math.isnan(self.cost):
+        if self.cost is None:
             return self.why
-        return f"{self.why}: {self.cost * 100:+.0f}% step time against the same techniques in fp32"
+        return f"{self.why}: against the same techniques in fp32, {self.cost.text()}"
 
     def short(self) -> str:
-        return "emulated here" + ("" if math.isnan(self.cost) else f": {self.cost * 100:+.0f}% vs fp32")
+        if self.cost is None or not math.isfinite(self.cost.ratio):
+            return "emulated here"
+        return f"emulated here: {100 * (self.cost.ratio - 1):+.0f}% vs fp32"
 
 
-def emulation_cost(cells: Cells, group: str, framework: str) -> Emulated | None:
+def emulation_cost(cells: Cells, group: str, framework: str, analysis: Analysis | None = None) -> Emulated | None:
     """For a cell whose dtype the hardware emulates: why, and its measured cost against the cell with the same
-    techniques but mixed precision (fp32); None when native (or not known, rows from before capabilities)."""
+    techniques but mixed precision (fp32), with its interval; None when native (or not known, rows from before
+    capabilities)."""
     cell = cells.get((group, framework))
     if cell is None or cell.example is None:
         return None
@@ -120,6 +131,8 @@ def emulation_cost(cells: Cells, group: str, framework: str) -> Emulated | None:
     if why is None:
         return None
     techniques = set(example.fields.get("techniques") or [])
-    without = [c.step_s for (g, fw), c in cells.items() if fw == framework and c.example is not None
+    without = [g for (g, fw), c in cells.items() if fw == framework and c.example is not None and not c.control
                and set(c.example.fields.get("techniques") or []) == techniques - {"amp"}]
-    return Emulated(why, cell.step_s / without[0] - 1 if without else NAN)
+    if not without or analysis is None or (without[0], framework) not in analysis.estimates:
+        return Emulated(why, None)
+    return Emulated(why, analysis.compare((without[0], framework), (group, framework)))
