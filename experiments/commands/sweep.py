@@ -31,11 +31,12 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(plan_options(args), f"sweep-{sweep.name}-{args.preset}{model_tag(args.preset, args.model)}")
     values = checked_values(sweep, args.values or sweep.default_values(prepared.base, cuda_available()),
                             prepared.base, prepared.frameworks)
-    prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights
-    plan = sweep_plan(sweep, values, prepared.base, prepared.frameworks, args.repeats, args.preset, args.compile)
-    console = console_for_output()
-    outcome = execute(plan, prepared.store, f"sweep {sweep.name}", args.timeout, console, fresh=args.fresh)
-    report = write_report(prepared.out)
+    with prepared.store.locked(f"sweep {sweep.name}", "another --name or --results"):
+        prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights
+        plan = sweep_plan(sweep, values, prepared.base, prepared.frameworks, args.repeats, args.preset, args.compile)
+        console = console_for_output()
+        outcome = execute(plan, prepared.store, f"sweep {sweep.name}", args.timeout, console, fresh=args.fresh)
+        report = write_report(prepared.out)
     console.print(report.table)
     console.print(f"rows: {prepared.store.path} (exports: {prepared.store.jsonl.name}, {prepared.store.csv.name})\n"
                   f"report: {report.path}\n{outcome_line(outcome)}")

@@ -5,6 +5,7 @@ results folder beside the plan."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from common.config import RunConfig
 from common.data.cifar import LAYOUTS
 from common.errors import ConfigError
 from common.results import RunRecord, RunResult
-from common.store import ResultStore, run_settings
+from common.store import FINISHED, ResultStore, run_settings
 from common.versions import host_info
 from common.workloads import workload_for
 from experiments.catalog.defaults import default_archive, default_text_folder
@@ -28,6 +29,7 @@ from experiments.catalog.sweeps import Sweep, mode_for
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
+from experiments.execution.preflight import check_runnable
 
 DEFAULT_ACCURACY_EPOCHS = 5  # the ladder's epochs when --to-accuracy is given without --epochs
 SHARED_WEIGHTS = "initial-weights"  # beside the results folders: digest-named .npz files, one per model and seed
@@ -86,10 +88,13 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
         source, data = "text", data or str(default_text_folder())
     elif data is None and source in LAYOUTS:  # CIFAR: a generated archive; mnist5k: the installed file
         data = str(default_archive(source))
+    # absolute: the rows' configs, and the `twinrun run` command the report recommends, hold wherever they are read
+    data = str(Path(data).absolute()) if data else None
     base = RunConfig(source=source, data=data, **preset)
     out = Path(options.results) / (options.name or default_name)
     store = ResultStore(out)
     store.check_writable()
+    store.rows()  # a damaged store is named now, before weights are made or data is read
     return Prepared(base, out, store, selected(options.framework))
 
 
@@ -121,7 +126,7 @@ def ladder_plan(prepared: Prepared, repeats: int, preset: str, options: LadderOp
     rungs = ladder_rungs(options.order, options.ablations)
     top = rungs[len(options.order)]
     for repeat in range(repeats):
-        base = _repeat_base(prepared, repeat, options)
+        base = repeat_base(prepared, repeat, options)
         for rung in rungs:
             for framework in prepared.frameworks:
                 config = rung_config(rung, base, options.device)
@@ -154,7 +159,7 @@ def _cache_of(rung: Rung, top: Rung, config: RunConfig, top_config: RunConfig, r
     return rung.name, repeat == 0, "cold" if repeat == 0 else "warm: repeat 0's compile cache"
 
 
-def _repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunConfig:
+def repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunConfig:
     """The base config of one repeat: the preset's, or, measuring accuracy, whole epochs with evaluations on the
     whole eval split, and the repeat's own seed with its paired initial weights."""
     if options.to_accuracy is None and options.epochs is None:
@@ -186,19 +191,33 @@ def sweep_plan(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tup
     return plan
 
 
-def run_job(job: PlannedRun, timeout_s: float | None) -> RunRecord:
-    """One planned job, run in its own process (or recorded as skipped), as the row to store."""
+def run_job(job: PlannedRun, timeout_s: float | None, store: ResultStore | None = None,
+            previous: str | None = None) -> RunRecord:
+    """One planned job, run in its own process (or recorded as skipped), as the row to store. ``previous``: the
+    status of the key's stored row (None: no row), which decides what becomes of scalars already in its folder."""
     started = time.time()
     if job.skip_reason:
         result = RunResult(framework=job.framework, status="skipped", error=job.skip_reason)
     else:
         if job.cache and job.cold:
-            shutil.rmtree(job.cache, ignore_errors=True)
-        if job.config.tensorboard_dir:  # a retried run's scalars replace the failed attempt's
-            shutil.rmtree(Path(job.config.tensorboard_dir) / job.framework, ignore_errors=True)
+            shutil.rmtree(job.cache, ignore_errors=True)  # a compile cache, not a result: emptied for a cold start
+        if job.config.tensorboard_dir:
+            clear_scalars(Path(job.config.tensorboard_dir) / job.framework, store, previous)
         result = run_framework(job.framework, job.config, timeout_s, cache_dir=job.cache)
     return RunRecord(key=job.key, command=job.command, result=result, config=job.config.to_dict(), host=host_info(),
                      wall_s=time.time() - started, fields=dict(job.fields))
+
+
+def clear_scalars(folder: Path, store: ResultStore | None, previous: str | None) -> None:
+    """Makes room for a run's TensorBoard scalars. Only a failed attempt's own scalars (its row says it failed) are
+    replaced by the retry's; scalars without such a row (an interrupted attempt, or a row moved aside) are moved to
+    the store's ``old/<time>/``: a result is never deleted."""
+    if not folder.exists():
+        return
+    if previous is not None and previous not in FINISHED:
+        shutil.rmtree(folder, ignore_errors=True)
+    elif store is not None:
+        store.keep_aside(folder)
 
 
 @dataclass(frozen=True)
@@ -218,18 +237,23 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
     """Runs the jobs whose keys have not finished with these settings, storing each row as it ends; then the
     device's matmul rate, once per results folder (the report reads it, never measures it). ``fresh``: the
     folder's earlier results are moved aside first (the caller has validated everything by now)."""
+    for job in {(job.framework, json.dumps(job.config.to_dict(), sort_keys=True)): job for job in plan
+                if not job.skip_reason}.values():
+        check_runnable(job.config, (job.framework,))  # every run's impossible combination, before the first
     host = host_info()
-    moved = store.start({job.key: run_settings(job.config.to_dict(), host) for job in plan}, fresh)
+    moved = store.start({job.key: run_settings(job.config.to_dict(), host) for job in plan}, fresh,
+                        other="another --name or --results")
     if moved:
         console.print(f"earlier results moved to {moved}")
-    finished = store.finished_keys()
+    statuses = {row["key"]: row.get("status") for row in store.rows()}
+    finished = {key for key, status in statuses.items() if status in FINISHED}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task(title, total=len(plan))
         for job in plan:
             if job.key not in finished:
                 progress.update(task, description=job.label)
-                record = run_job(job, timeout_s)
+                record = run_job(job, timeout_s, store, statuses.get(job.key))
                 store.add(record.to_row())
                 if record.status not in ("ok", "skipped"):
                     progress.console.print(f"[red]{job.key} {record.status}[/]: {str(record.result.error or '')[:300]}")
