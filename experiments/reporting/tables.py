@@ -13,6 +13,7 @@ from common.workloads import arch, num_classes, workload_for
 from experiments.catalog import reference
 from experiments.catalog.rungs import BASELINE_TEXT, TECHNIQUES
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.reporting.accuracy import at_chance
 from experiments.reporting.cells import NAN, Cells, median, ordered_groups
 from experiments.reporting.recommend import emulation_cost
 
@@ -212,8 +213,10 @@ def inference_table(rows: list[dict[str, Any]]) -> str:
             continue
         latency = row["latency_b1_ms"]
         throughput = [fmt(row["throughput"].get(str(b), {}).get("images_per_s", NAN), "{:.0f}") for b in batches]
+        chance = at_chance(row["accuracy"], row.get("num_classes"), row.get("eval_samples"))
+        chance_text = " (chance level)" if chance else ""
         lines.append("| " + " | ".join([row["framework"], row["variant"], "ok", f"{latency['p50']:.2f}",
                                         f"{latency['p99']:.2f}", f"{row['first_call_s']:.2f}", *throughput,
-                                        f"{row['accuracy']:.3f}", fmt(row.get("accuracy_delta", NAN), "{:+.3f}"),
-                                        row.get("note", "")]) + " |")
+                                        f"{row['accuracy']:.3f}{chance_text}",
+                                        fmt(row.get("accuracy_delta", NAN), "{:+.3f}"), row.get("note", "")]) + " |")
     return "\n".join(lines)
