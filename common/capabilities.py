@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from common.errors import ConfigError
 
 # The /proc/cpuinfo flags that matter for the article's techniques on a CPU.
 CPU_FLAGS_OF_INTEREST = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16",
@@ -28,6 +31,7 @@ CPU_BF16 = ("avx512_bf16", "amx_bf16")
 CPU_FP16 = ("avx512_fp16", "amx_fp16")
 CPU_FLAGS_ENV = "TWINRUN_CPU_FLAGS"
 GPU_CAPABILITY_ENV = "TWINRUN_GPU_CAPABILITY"
+CAPABILITY = re.compile(r"\d+\.\d+")  # a CUDA compute capability as nvidia-smi prints it: 8.0, 9.0, 12.0
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,24 @@ def emulation(precision: str, on_gpu: bool, caps: Capabilities | None) -> str | 
     return None if native else f"{precision} emulated on this device (CPU without {' or '.join(flags)})"
 
 
+def simulated_gpu() -> str | None:
+    """The compute capability ``TWINRUN_GPU_CAPABILITY`` simulates (None: no GPU), checked for its form: a value
+    that is not one would run every job and then fail in the host record stored with its row."""
+    value = os.environ.get(GPU_CAPABILITY_ENV, "").strip()
+    if value.lower() in ("", "none"):
+        return None
+    if not CAPABILITY.fullmatch(value):
+        raise ConfigError(f"{GPU_CAPABILITY_ENV}={value!r} is not a CUDA compute capability: give major.minor "
+                          f"(such as 8.0 or 9.0), or none for no GPU")
+    return value
+
+
+def check_overrides() -> None:
+    """Refuses a malformed simulation override before any command runs (``simulated_gpu``)."""
+    if GPU_CAPABILITY_ENV in os.environ:
+        simulated_gpu()
+
+
 def detect() -> Capabilities:
     """This machine's capabilities, or the simulated ones the environment asks for."""
     flags_override = os.environ.get(CPU_FLAGS_ENV)
@@ -105,10 +127,7 @@ def detect() -> Capabilities:
         cpu = tuple(f for f in CPU_FLAGS_OF_INTEREST if f in {x.strip() for x in flags_override.split(",")})
     else:
         cpu = _cpu_flags()
-    if gpu_override is not None:
-        gpu = None if gpu_override.strip().lower() in ("", "none") else gpu_override.strip()
-    else:
-        gpu = _gpu_capability()
+    gpu = simulated_gpu() if gpu_override is not None else _gpu_capability()
     return Capabilities(cpu, gpu, simulated=flags_override is not None or gpu_override is not None)
 
 

@@ -196,21 +196,45 @@ def _steps_or_epochs(given: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_toml(path: str | Path) -> RunConfig:
-    """A RunConfig from a TOML file; sections ([optimizer], [techniques], ...) are only grouping."""
+    """A RunConfig from a TOML file; sections ([optimizer], [techniques], ...) are only grouping, so one key set in
+    two places (two sections, or a section and the top level) is refused, naming both: neither would be sure to win."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a folder, not a TOML file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
+    return RunConfig.from_dict(_steps_or_epochs(toml_values(path)))
+
+
+def toml_values(path: Path) -> dict[str, Any]:
+    """The RunConfig keys a TOML file sets (``load_toml``'s checks), by field name."""
     try:
-        values = tomllib.loads(path.read_text())
+        values = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        line = exc.object[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"config file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} on line {line}); "
+                          f"TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
     flat: dict[str, Any] = {}
+    where: dict[str, str] = {}
+    for place, key, value in _entries(values):
+        name = key.replace("-", "_")
+        if name in flat:
+            raise ConfigError(f"config file {path} sets {name} twice: {where[name]} and {place}; keep one")
+        flat[name], where[name] = value, place
+    return flat
+
+
+def _entries(values: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """(where, key, value) of every key of a TOML file: at the top level, or in a section ([optimizer])."""
+    entries = []
     for key, value in values.items():
         if isinstance(value, dict):
-            flat.update({k.replace("-", "_"): v for k, v in value.items()})
+            entries += [(f"[{key}] {k}", k, v) for k, v in value.items()]
         else:
-            flat[key.replace("-", "_")] = value
-    return RunConfig.from_dict(_steps_or_epochs(flat))
+            entries.append((f"the top level's {key}", key, value))
+    return entries
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
@@ -218,6 +242,14 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> RunConfig:
     given = {f.name: getattr(args, f.name) for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
     merged = {**_steps_or_epochs(given), **overrides}
     return base.replace(**with_family_source(merged, base))
+
+
+def given_keys(args: argparse.Namespace) -> set[str]:
+    """The RunConfig fields the user set, by a flag or in the --config file (a command may default the others
+    differently from RunConfig, as infer does for a text model's batching)."""
+    flags = {f.name for f in fields(RunConfig) if getattr(args, f.name, None) is not None}
+    config = getattr(args, "config", None)
+    return flags | (set(toml_values(Path(config))) if config else set())
 
 
 def with_family_source(changes: dict[str, Any], base: RunConfig) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -35,6 +36,8 @@ TEXT_SOURCES = ("text",)  # a folder of AG News CSVs or JSON Lines (common/data/
 # twinrun infer's variants, in both frameworks (one that cannot run somewhere is skipped with its reason)
 INFERENCE_VARIANTS = ("eager", "compiled", "folded", "int8", "int4", "onnxruntime", "tensorrt")
 SCHEDULES = ("cosine", "constant")
+# One XLA flag as XLA_FLAGS takes it: --xla_name=value or --xla_name (a boolean switch); flags are space-separated
+XLA_FLAG = re.compile(r"--xla_[A-Za-z0-9_]+(=\S+)?")
 # old field name -> new one: configs stored in earlier result rows and TOML files still read
 RENAMED = {"grad_checkpointing": "remat", "checkpoint_policy": "remat_policy"}
 
@@ -160,6 +163,7 @@ class RunConfig:
             value = getattr(self, f.name)
             if f.type == "float" and not math.isfinite(value):
                 raise ConfigError(f"{f.name} must be a finite number, got {value}")
+        self._check_xla_flags()
         if self.source == "synthetic" and self.data is not None:
             raise ConfigError("--data is read by the CIFAR sources; source synthetic generates its images and would "
                               "ignore it")
@@ -171,6 +175,10 @@ class RunConfig:
                      "checkpoint_every", "seed", "min_lr", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.source == "synthetic" and self.batch_size * self.devices > self.synthetic_size:
+            raise ConfigError(f"batch_size {self.batch_size} x devices {self.devices} is more than the "
+                              f"{self.synthetic_size} images of the synthetic source (synthetic_size): a batch cannot "
+                              f"hold more examples than the data set")
         if (self.steps is None) == (self.epochs is None):
             raise ConfigError("give exactly one of steps and epochs")
         for name in ("steps", "epochs", "eval_batches"):  # None: not given (the other of steps and epochs; all batches)
@@ -219,6 +227,13 @@ class RunConfig:
             raise ConfigError("checkpoint_every needs checkpoint_dir")
         _ = self.remat_plan  # validates the remat text
         self._check_text()
+
+    def _check_xla_flags(self) -> None:
+        """XLA_FLAGS of the JAX side, checked for their form now: XLA aborts the process on one it cannot parse."""
+        bad = [flag for flag in self.xla_flags.split() if not XLA_FLAG.fullmatch(flag)]
+        if bad:
+            raise ConfigError(f"xla_flags: {bad[0]!r} is not an XLA flag; give flags like --xla_name=value or "
+                              f"--xla_name, separated by spaces (e.g. --xla_cpu_use_onednn=true)")
 
     def _check_text(self) -> None:
         """A text model reads a text source and an image model an image source; the text knobs are validated."""

@@ -133,17 +133,27 @@ def open_sources(config: RunConfig) -> tuple[Source, Source]:
         if config.data is None:
             raise ConfigError("source text needs --data: a folder of train.csv/test.csv (AG News) or "
                               "train.jsonl/test.jsonl")
-        return tuple(load_text_source(config.data, split, max_len=config.max_len)  # type: ignore[return-value]
-                     for split in ("train", "test"))
+        train, test = (load_text_source(config.data, split, max_len=config.max_len) for split in ("train", "test"))
+        check_batch_fits(config, len(train), str(config.data))
+        return train, test  # type: ignore[return-value]
     opts: dict[str, Any] = {}
     if config.source == "synthetic":
         opts = {"size": config.synthetic_size, "num_classes": SYNTHETIC_CLASSES, "seed": config.seed,
                 "image_shape": (config.image_size, config.image_size, 3)}
     train = load_source(config.source, "train", config.data, png=config.png, **opts)
+    check_batch_fits(config, len(train), train.name)
     if config.source == "synthetic":
         opts["size"] = max(config.synthetic_size // 4, config.batch_size)
     test = load_source(config.source, "test", config.data, png=config.png, **opts)
     return train, test
+
+
+def check_batch_fits(config: RunConfig, examples: int, name: str) -> None:
+    """A global batch (batch size x devices) larger than the train split is refused by name before anything is
+    built: its "batch" would be the whole split, not what was asked for."""
+    if config.batch_size * config.devices > examples:
+        raise ConfigError(f"batch_size {config.batch_size} x devices {config.devices} is more than the {examples} "
+                          f"training examples of {name}: give a batch size of at most {examples // config.devices}")
 
 
 def num_classes(config: RunConfig) -> int:

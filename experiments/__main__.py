@@ -9,10 +9,12 @@ command run again resumes.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from types import ModuleType
 from typing import NoReturn
 
+from common.capabilities import check_overrides
 from common.errors import TwinrunError
 from experiments.commands import (
     compare,
@@ -44,8 +46,9 @@ COMMANDS: dict[str, tuple[ModuleType, str]] = {
     "overhead": (overhead, "our trainer's step vs a minimal hand-written loop"),
 }
 
-DESCRIPTION = ("twinrun (= python -m experiments) trains the same ResNet in PyTorch and in JAX, measured the same "
-               "way, and compares them: step times, where the time goes, accuracy, inference.")
+DESCRIPTION = ("twinrun (= python -m experiments) trains the same models (ResNets, ViTs, text encoders) in PyTorch and "
+               "in JAX, measured the same way, and compares them: step times, where the time goes, accuracy, "
+               "inference.")
 EPILOG = "Run 'twinrun COMMAND --help' for the options of one command."
 INTERRUPTED = "interrupted; the rows already written are kept; run the same command again to resume"
 
@@ -79,13 +82,33 @@ def _plain(text: str | None) -> str:
     return (text or "").replace("``", "").strip()
 
 
+def version() -> str:
+    """The installed twinrun's version (pyproject.toml's), for --version."""
+    try:
+        return importlib.metadata.version("twinrun")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="twinrun", description=DESCRIPTION, epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"twinrun {version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, text) in COMMANDS.items():
         module.add_arguments(commands.add_parser(name, help=text, description=_plain(module.__doc__) or text,
                                                  formatter_class=HelpFormatter))
     return parser
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, parsed; a flag the command does not know is refused by that command's parser, so the
+    line points to its own help ('twinrun ladder --help'), where the flag would be listed."""
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        action.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _os_error(exc: OSError) -> str:
@@ -95,16 +118,22 @@ def _os_error(exc: OSError) -> str:
     return f"{' -> '.join(names)}: {reason}" if names else reason
 
 
+def _one_line(text: str) -> str:
+    """An error's text on one line: a reason quoted from a library can span several (tarfile lists each method)."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = "twinrun"
     install_signal_handlers()  # SIGTERM ends the driver like Ctrl-C: workers stopped, temporary folders removed
     try:
-        args = build_parser().parse_args(argv)
+        args = parse(argv)
         prog = f"twinrun {args.command}"
+        check_overrides()  # a malformed TWINRUN_GPU_CAPABILITY, before anything runs
         code = COMMANDS[args.command][0].run(args)
         return code if isinstance(code, int) else 0
     except TwinrunError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"{prog}: error: {_os_error(exc)}", file=sys.stderr)

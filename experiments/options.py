@@ -25,6 +25,19 @@ def console_for_output() -> Console:
     return Console(width=None if Console().is_terminal else 180)
 
 
+def plural(count: int, word: str) -> str:
+    """'1 epoch', '3 epochs': a count with its noun as a reader writes it."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def folder_name(text: str) -> str:
+    """argparse type: one folder name inside --results (not a path that could write elsewhere, not empty)."""
+    if not text.strip() or text in (".", "..") or "/" in text or "\\" in text:
+        raise argparse.ArgumentTypeError(f"must be one folder name inside --results (not empty, no '/', not '.' or "
+                                         f"'..'), got {text!r}")
+    return text
+
+
 def _whole(text: str, wanted: str) -> int:
     try:
         return int(text)
@@ -156,7 +169,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
     answers.add_argument("--order-seed", type=nonnegative_int, default=0,
                          help="seed of each repeat's random order of the configurations (recorded in every row)")
     output = parser.add_argument_group("output")
-    output.add_argument("--name", default=None, help=f"results folder name (default: {default_name})")
+    output.add_argument("--name", type=folder_name, default=None,
+                        help=f"results folder name, one folder inside --results (default: {default_name})")
     output.add_argument("--results", default="results", help="folder holding the results folders")
     output.add_argument("--fresh", action="store_true",
                         help="start over: move the folder's earlier results to NAME/old/<time>/ (once every check "

@@ -172,18 +172,20 @@ def _onnxruntime(model: torch.nn.Module, config: RunConfig, arch: Any) -> tuple[
         import onnxruntime as ort
     except ImportError:
         raise Unavailable("onnxruntime is not installed (pip install onnxruntime)") from None
-    folder = Path(tempfile.mkdtemp(prefix="twinrun-onnx-"))
     text = arch.family == "text"
-    path = (export_text_onnx(model, folder / "model.onnx", arch.max_len) if text
-            else export_onnx(model, folder / "model.onnx", config.image_size))
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # The exported file is needed only until the session has read it: a folder of its own, removed right after.
+    with tempfile.TemporaryDirectory(prefix="twinrun-onnx-") as folder:
+        path = (export_text_onnx(model, Path(folder) / "model.onnx", arch.max_len) if text
+                else export_onnx(model, Path(folder) / "model.onnx", config.image_size))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        opset = _opset(path)
     feed = "tokens" if text else "images"
 
     def predict(batch: np.ndarray) -> np.ndarray:
         return session.run(["logits"], {feed: to_nchw(np.ascontiguousarray(batch)).numpy()})[0]
 
     axes = "batch and sequence axes, int32 tokens, the padding mask computed in the graph" if text else "batch axis"
-    return predict, f"ONNX (opset {_opset(path)}, dynamic {axes}) under onnxruntime {ort.__version__}, CPU provider"
+    return predict, f"ONNX (opset {opset}, dynamic {axes}) under onnxruntime {ort.__version__}, CPU provider"
 
 
 def _tensorrt_inputs(config: RunConfig, arch: Any, device: torch.device) -> list[Any]:

@@ -100,16 +100,24 @@ class _TarReader:
         try:
             with tarfile.open(archive, "r:*") as tar:
                 self._members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+                _read_to_the_end(tar.fileobj)
         except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-            raise DataError(
-                f"corrupt or truncated CIFAR archive {archive}: {type(exc).__name__}: {exc}"
-            ) from None
+            reason = " ".join(str(exc).split())  # tarfile lists each method it tried on a line of its own
+            raise DataError(f"corrupt or truncated CIFAR archive {archive}: {type(exc).__name__}: {reason}") from None
 
     def read(self, name: str) -> bytes:
         key = f"{self.folder}/{name}"
         if key not in self._members:
             raise FileNotFoundError(f"{self.archive}:{key}")
         return self._members[key]
+
+
+def _read_to_the_end(stream: Any) -> None:
+    """Reads what is left of a compressed archive, so that gzip checks its CRC and length: tarfile stops quietly at
+    the first header it cannot read, which a damaged stream makes look like the end of a short archive (and a
+    member that "is missing")."""
+    while stream is not None and stream.read(1 << 20):
+        pass
 
 
 def _open_reader(path: Path, layout: CifarLayout) -> _FolderReader | _TarReader:

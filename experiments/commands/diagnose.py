@@ -9,6 +9,7 @@ from common.cli import add_config_arguments, config_from_args
 from common.store import writable_folder
 from experiments.execution.diagnosis import diagnose, diagnosis_config, write_diagnoses
 from experiments.execution.frameworks import selected
+from experiments.execution.preflight import check_runnable
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 
@@ -20,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    out = writable_folder(args.out, "--out")
     config = diagnosis_config(config_from_args(args))
+    check_runnable(config, selected(args.framework))
+    out = writable_folder(args.out, "--out")
     console = console_for_output()
     results = []
     for framework in selected(args.framework):

@@ -8,12 +8,14 @@ import argparse
 import time
 from dataclasses import replace
 
+from common.errors import ConfigError
 from common.results import RunRecord
 from experiments.catalog import defaults
 from experiments.catalog.presets import model_tag
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, default_loader_workers, parse_order
 from experiments.execution.device import cuda_available
 from experiments.execution.plan import (
+    DEFAULT_ACCURACY_EPOCHS,
     Configuration,
     LadderOptions,
     PlannedRun,
@@ -22,8 +24,10 @@ from experiments.execution.plan import (
     ladder_repeat,
     outcome_line,
     prepare,
+    repeat_base,
     with_paired_weights,
 )
+from experiments.execution.preflight import check_runnable
 from experiments.options import (
     adaptive_options,
     add_plan_arguments,
@@ -71,32 +75,47 @@ def _default_name(args: argparse.Namespace, order: tuple[str, ...]) -> str:
     return name
 
 
+def check_accuracy_flags(args: argparse.Namespace) -> None:
+    """``--steps`` with ``--to-accuracy`` or ``--epochs`` is refused by name: a time-to-accuracy ladder trains whole
+    epochs, so the steps would be dropped silently (or cut the epochs short without reaching any target)."""
+    accuracy = [flag for flag, value in (("--to-accuracy", args.to_accuracy), ("--epochs", args.epochs))
+                if value is not None]
+    if args.steps is not None and accuracy:
+        raise ConfigError(f"--steps does not combine with {' and '.join(accuracy)}: that ladder trains whole epochs "
+                          f"(at most --epochs, default {DEFAULT_ACCURACY_EPOCHS}); cap it with --epochs E, or leave "
+                          f"{' and '.join(accuracy)} out to time --steps steps")
+
+
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     order = parse_order(args.rungs)
+    check_accuracy_flags(args)
     options = plan_options(args)
     accuracy = args.to_accuracy is not None or args.epochs is not None
     # the plain generated archive is learnt in 3 epochs: no curve to see
     if accuracy and options.data is None and options.source == "cifar100":
         archive = defaults.default_archive(options.source, difficulty=defaults.LADDER_DIFFICULTY)
         options = replace(options, data=str(archive))
-    prepared = with_paired_weights(prepare(options, _default_name(args, order)))
+    prepared = prepare(options, _default_name(args, order))
     workers = args.workers if args.workers is not None else default_loader_workers()
     ladder = LadderOptions(Device(cuda_available(), workers), order, args.ablations, args.to_accuracy, args.epochs,
                            args.inject_failure, args.break_lr)
-    plan = ladder_plan(prepared, args.repeats, args.preset, ladder, args.order_seed)
+    check_runnable(repeat_base(prepared, 0, ladder), prepared.frameworks)  # before weights, lock or folder
     console = console_for_output()
+    with prepared.store.locked("ladder", "another --name or --results"):
+        prepared = with_paired_weights(prepared)
+        plan = ladder_plan(prepared, args.repeats, args.preset, ladder, args.order_seed)
 
-    def undecided(records: list[RunRecord]) -> set[Configuration]:
-        cells = ladder_cells(records)
-        return analyse(cells, ladder_pairs(cells, order)).needs_more(args.precision)
+        def undecided(records: list[RunRecord]) -> set[Configuration]:
+            cells = ladder_cells(records)
+            return analyse(cells, ladder_pairs(cells, order)).needs_more(args.precision)
 
-    def repeat(number: int, only: set[Configuration]) -> list[PlannedRun]:
-        return ladder_repeat(prepared, number, f"{number + 1} (adaptive)", args.preset, ladder, only)
+        def repeat(number: int, only: set[Configuration]) -> list[PlannedRun]:
+            return ladder_repeat(prepared, number, f"{number + 1} (adaptive)", args.preset, ladder, only)
 
-    outcome = execute(plan, prepared.store, prepared.out.name, args.timeout, console, fresh=args.fresh,
-                      adaptive=adaptive_options(args, undecided, repeat, started))
-    report = write_report(prepared.out)
+        outcome = execute(plan, prepared.store, prepared.out.name, args.timeout, console, fresh=args.fresh,
+                          adaptive=adaptive_options(args, undecided, repeat, started))
+        report = write_report(prepared.out)
     for table in (report.table, *report.tables):
         console.print(table)
     for line in report.summary:

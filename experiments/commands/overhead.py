@@ -18,6 +18,7 @@ from common.workloads import workload_for
 from experiments.execution.frameworks import selected
 from experiments.execution.overhead import GOAL, measure_isolated, overhead_config
 from experiments.execution.paired import paired_config
+from experiments.execution.preflight import check_runnable
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 from experiments.reporting.stats import Comparison, bootstrap_ratio, judge
 
@@ -64,8 +65,9 @@ def _table(config: RunConfig, results: list[dict[str, Any]]) -> Table:
 
 
 def run(args: argparse.Namespace) -> int:
-    writable_folder(args.out, "--out")
     config = overhead_config(config_from_args(args), args.steps is not None)
+    check_runnable(config, selected(args.framework))
+    writable_folder(args.out, "--out")
     config = paired_config(config, Path(args.out) / "weights")  # one starting point for both frameworks
     results = [measure_isolated(framework, config, args.timeout) for framework in selected(args.framework)]
     for result in results:

@@ -17,6 +17,7 @@ from common.workloads import workload_for
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
+from experiments.execution.preflight import check_runnable
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 COLUMNS = ("framework", "status", "step ms (p10..p90)", "images/s", "data wait %", "first step s", "recompiles",
@@ -55,20 +56,24 @@ def _title(config: RunConfig, records: list[RunRecord]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = with_default_data(config_from_args(args))
+    frameworks = selected(args.framework)
+    check_runnable(config, frameworks)
     out = Path(args.out)
     store = ResultStore(out)
     store.check_writable()
-    config = paired_config(config, out / "weights")
     console = console_for_output()
     records = []
-    for framework in selected(args.framework):
-        console.print(f"[bold]run[/] {framework} ...")
-        started = time.time()
-        result = run_framework(framework, config, args.timeout)
-        record = RunRecord(key=f"run/{framework}/{int(started)}", command="run", result=result,
-                           config=config.to_dict(), host=host_info(), wall_s=time.time() - started)
-        records.append(record)
-        store.add(record.to_row())
+    with store.locked("run", "another --out"):
+        config = paired_config(config, out / "weights")
+        for framework in frameworks:
+            console.print(f"[bold]run[/] {framework} ...")
+            started = time.time()
+            result = run_framework(framework, config, args.timeout)
+            # keyed to the millisecond: two runs started within one second no longer share a key (and a row)
+            record = RunRecord(key=f"run/{framework}/{int(started * 1000)}", command="run", result=result,
+                               config=config.to_dict(), host=host_info(), wall_s=time.time() - started)
+            records.append(record)
+            store.add(record.to_row())
     table = Table(title=_title(config, records))
     for column in COLUMNS:
         table.add_column(column)

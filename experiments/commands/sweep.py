@@ -45,22 +45,23 @@ def run(args: argparse.Namespace) -> int:
     prepared = prepare(plan_options(args), f"sweep-{sweep.name}-{args.preset}{model_tag(args.preset, args.model)}")
     values = checked_values(sweep, args.values or sweep.default_values(prepared.base, cuda_available()),
                             prepared.base, prepared.frameworks)
-    prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights
-    plan = sweep_plan(sweep, values, prepared.base, prepared.frameworks, args.repeats, args.preset, args.compile,
-                      args.order_seed)
     console = console_for_output()
+    with prepared.store.locked(f"sweep {sweep.name}", "another --name or --results"):
+        prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights
+        plan = sweep_plan(sweep, values, prepared.base, prepared.frameworks, args.repeats, args.preset, args.compile,
+                          args.order_seed)
 
-    def undecided(records: list[RunRecord]) -> set[Configuration]:
-        cells = sweep_cells(records)
-        return analyse(cells, sweep_pairs(cells, references(records))).needs_more(args.precision)
+        def undecided(records: list[RunRecord]) -> set[Configuration]:
+            cells = sweep_cells(records)
+            return analyse(cells, sweep_pairs(cells, references(records))).needs_more(args.precision)
 
-    def repeat(number: int, only: set[Configuration]) -> list[PlannedRun]:
-        return sweep_repeat(sweep, values, prepared.base, prepared.frameworks, number, f"{number + 1} (adaptive)",
-                            args.preset, args.compile, only)
+        def repeat(number: int, only: set[Configuration]) -> list[PlannedRun]:
+            return sweep_repeat(sweep, values, prepared.base, prepared.frameworks, number, f"{number + 1} (adaptive)",
+                                args.preset, args.compile, only)
 
-    outcome = execute(plan, prepared.store, prepared.out.name, args.timeout, console, fresh=args.fresh,
-                      adaptive=adaptive_options(args, undecided, repeat, started))
-    report = write_report(prepared.out)
+        outcome = execute(plan, prepared.store, prepared.out.name, args.timeout, console, fresh=args.fresh,
+                          adaptive=adaptive_options(args, undecided, repeat, started))
+        report = write_report(prepared.out)
     console.print(report.table)
     console.print(f"rows: {prepared.store.path} (exports: {prepared.store.jsonl.name}, {prepared.store.csv.name})\n"
                   f"report: {report.path}\n{outcome_line(outcome)}")

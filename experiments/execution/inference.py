@@ -7,6 +7,7 @@ timed call. Every call is host batch in -> host logits out (synchronized). The r
 
 from __future__ import annotations
 
+import json
 import time
 import traceback
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from common.config import RunConfig
 from common.data.batches import make_batch_maker, make_sampler
 from common.data.text import PAD, TextSource
 from common.results import RunResult
+from common.store import atomic_write_text
 from common.timing import summarize
 from common.versions import host_info
 from common.workloads import arch as describe
@@ -182,7 +184,7 @@ def measure_variant(framework: str, name: str, config: RunConfig, weights: str |
         correct += int((predict(x).argmax(1) == labels).sum())
         seen += len(labels)
     row.update({"status": "ok", "accuracy": correct / seen, "eval_samples": seen,
-                "eval_batches": options["eval_batches"]})
+                "eval_batches": options["eval_batches"], "num_classes": inputs.source.num_classes})
     return row
 
 
@@ -196,32 +198,46 @@ def measure_in_process(payload: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:  # recorded, the next variant goes on
             rows.append({"framework": payload["framework"], "variant": name, "status": "failed",
                          "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]})
-    reference = next((r for r in rows if r["variant"] == "eager" and r["status"] == "ok"), None)
+    eager = next((r["accuracy"] for r in rows if r["variant"] == "eager" and r["status"] == "ok"), None)
+    reference = eager if eager is not None else payload.get("reference_accuracy")  # eager measured before
     for row in rows:
         if reference is not None and row.get("status") == "ok":
-            row["accuracy_delta"] = row["accuracy"] - reference["accuracy"]
+            row["accuracy_delta"] = row["accuracy"] - reference
     return {"status": "ok", "rows": rows, "device": device_name(payload["framework"])}
 
 
+def trained_weights_path(config: RunConfig, epochs: int, out: Path) -> Path:
+    """Where the weights trained for inference are kept (one file per model, width, epochs and seed)."""
+    return out / "weights" / f"trained-{config.model}-w{config.width}-e{epochs}-s{config.seed}.npz"
+
+
 def train_weights(config: RunConfig, epochs: int, out: Path, timeout_s: float | None) -> tuple[str, dict[str, Any]]:
-    """Trains the model with the torch trainer (isolated) and returns its final weights (torch-keyed .npz)."""
-    path = out / "weights" / f"trained-{config.model}-w{config.width}-e{epochs}-s{config.seed}.npz"
+    """Trains the model with the torch trainer (isolated) and returns its final weights (torch-keyed .npz) with what
+    the training was; weights trained before are reused, with the record of their training (a .json beside)."""
+    path = trained_weights_path(config, epochs, out)
+    record = path.with_suffix(".json")
     if path.exists():
-        return str(path), {"reused": str(path)}
+        earlier = json.loads(record.read_text()) if record.exists() else {"epochs": epochs}
+        return str(path), {**earlier, "reused": str(path)}
     trained = paired_config(config.replace(steps=None, epochs=epochs, save_weights=str(path), eval_batches=None),
                             out / "weights")
     result: RunResult = run_framework(TRAINER, trained, timeout_s)
     if not result.ok:
         raise RuntimeError(f"training the model to infer with failed: {result.error or result.status}")
-    return str(path), {"epochs": epochs, "train_accuracy_eval": result.eval.accuracy if result.eval else None}
+    training = {"epochs": epochs, "train_accuracy_eval": result.eval.accuracy if result.eval else None}
+    atomic_write_text(record, json.dumps(training))
+    return str(path), training
 
 
 def infer_rows(framework: str, config: RunConfig, weights: str | None, variants: list[str], options: InferOptions,
-               training: dict[str, Any], timeout_s: float | None) -> list[dict[str, Any]]:
+               training: dict[str, Any], timeout_s: float | None,
+               reference_accuracy: float | None = None) -> list[dict[str, Any]]:
     """Every variant of ``framework`` in its own process, as the store's "infer" rows (a crashed process fails
-    every variant it held)."""
+    every variant it held). ``reference_accuracy``: the framework's eager accuracy measured before, for the deltas
+    when eager is not among ``variants``."""
     result = run_isolated("infer", {"framework": framework, "config": config.to_dict(), "weights": weights,
-                                    "variants": list(variants), "options": options.to_dict()}, timeout_s=timeout_s)
+                                    "variants": list(variants), "options": options.to_dict(),
+                                    "reference_accuracy": reference_accuracy}, timeout_s=timeout_s)
     failed = {"framework": framework, "status": "failed", "error": result.get("error")}
     rows = result.get("rows") or [{**failed, "variant": v} for v in variants]
     return [{"key": f"infer/{framework}/{row['variant']}", "command": "infer", "config": config.to_dict(),

@@ -5,6 +5,7 @@ results folder beside the plan."""
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import time
@@ -20,7 +21,7 @@ from common.config import RunConfig
 from common.data.cifar import LAYOUTS
 from common.errors import ConfigError
 from common.results import RunRecord, RunResult
-from common.store import ResultStore, run_settings
+from common.store import FINISHED, ResultStore, run_settings
 from common.versions import host_info
 from common.workloads import workload_for
 from experiments.catalog.defaults import default_archive, default_text_folder
@@ -31,6 +32,7 @@ from experiments.catalog.sweeps import Sweep, mode_for, reference_value
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
 from experiments.execution.paired import paired_config, run_framework
+from experiments.execution.preflight import check_runnable
 
 DEFAULT_ACCURACY_EPOCHS = 5  # the ladder's epochs when --to-accuracy is given without --epochs
 SHARED_WEIGHTS = "initial-weights"  # beside the results folders: digest-named .npz files, one per model and seed
@@ -89,10 +91,13 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
         source, data = "text", data or str(default_text_folder())
     elif data is None and source in LAYOUTS:  # CIFAR: a generated archive; mnist5k: the installed file
         data = str(default_archive(source))
+    # absolute: the rows' configs, and the `twinrun run` command the report recommends, hold wherever they are read
+    data = str(Path(data).absolute()) if data else None
     base = RunConfig(source=source, data=data, **preset)
     out = Path(options.results) / (options.name or default_name)
     store = ResultStore(out)
     store.check_writable()
+    store.rows()  # a damaged store is named now, before weights are made or data is read
     return Prepared(base, out, store, selected(options.framework))
 
 
@@ -137,7 +142,7 @@ def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, op
     plan = []
     rungs = ladder_rungs(options.order, options.ablations)
     top = rungs[len(options.order)]
-    base = _repeat_base(prepared, repeat, options)
+    base = repeat_base(prepared, repeat, options)
     top_config = rung_config(top, base, options.device)
     for rung, control in [*((r, None) for r in rungs), (top, AA)]:
         group = rung.name + (AA_SUFFIX if control else "")
@@ -192,7 +197,7 @@ def ordered(jobs: list[PlannedRun], seed: int, filled: frozenset[str] = frozense
     return out
 
 
-def _repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunConfig:
+def repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunConfig:
     """The base config of one repeat: the preset's, or, measuring accuracy, whole epochs with evaluations on the
     whole eval split, and the repeat's own seed with its paired initial weights."""
     if options.to_accuracy is None and options.epochs is None:
@@ -243,19 +248,33 @@ def sweep_repeat(sweep: Sweep, values: list[str], base: RunConfig, frameworks: t
     return plan
 
 
-def run_job(job: PlannedRun, timeout_s: float | None) -> RunRecord:
-    """One planned job, run in its own process (or recorded as skipped), as the row to store."""
+def run_job(job: PlannedRun, timeout_s: float | None, store: ResultStore | None = None,
+            previous: str | None = None) -> RunRecord:
+    """One planned job, run in its own process (or recorded as skipped), as the row to store. ``previous``: the
+    status of the key's stored row (None: no row), which decides what becomes of scalars already in its folder."""
     started = time.time()
     if job.skip_reason:
         result = RunResult(framework=job.framework, status="skipped", error=job.skip_reason)
     else:
         if job.cache and job.cold:
-            shutil.rmtree(job.cache, ignore_errors=True)
-        if job.config.tensorboard_dir:  # a retried run's scalars replace the failed attempt's
-            shutil.rmtree(Path(job.config.tensorboard_dir) / job.framework, ignore_errors=True)
+            shutil.rmtree(job.cache, ignore_errors=True)  # a compile cache, not a result: emptied for a cold start
+        if job.config.tensorboard_dir:
+            clear_scalars(Path(job.config.tensorboard_dir) / job.framework, store, previous)
         result = run_framework(job.framework, job.config, timeout_s, cache_dir=job.cache)
     return RunRecord(key=job.key, command=job.command, result=result, config=job.config.to_dict(), host=host_info(),
                      wall_s=time.time() - started, fields=dict(job.fields))
+
+
+def clear_scalars(folder: Path, store: ResultStore | None, previous: str | None) -> None:
+    """Makes room for a run's TensorBoard scalars. Only a failed attempt's own scalars (its row says it failed) are
+    replaced by the retry's; scalars without such a row (an interrupted attempt, or a row moved aside) are moved to
+    the store's ``old/<time>/``: a result is never deleted."""
+    if not folder.exists():
+        return
+    if previous is not None and previous not in FINISHED:
+        shutil.rmtree(folder, ignore_errors=True)
+    elif store is not None:
+        store.keep_aside(folder)
 
 
 @dataclass(frozen=True)
@@ -296,11 +315,16 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
     adaptive step, if asked for; then the device's matmul rate, once per results folder (the report reads it, never
     measures it). ``fresh``: the folder's earlier results are moved aside first (the caller has validated everything
     by now). The progress bar's last line names the job (``title``)."""
+    for job in {(job.framework, json.dumps(job.config.to_dict(), sort_keys=True)): job for job in plan
+                if not job.skip_reason}.values():
+        check_runnable(job.config, (job.framework,))  # every run's impossible combination, before the first
     host = host_info()
-    moved = store.start({job.key: run_settings(job.config.to_dict(), host) for job in plan}, fresh)
+    moved = store.start({job.key: run_settings(job.config.to_dict(), host) for job in plan}, fresh,
+                        other="another --name or --results")
     if moved:
         console.print(f"earlier results moved to {moved}")
-    finished = store.finished_keys()
+    statuses = {row["key"]: row.get("status") for row in store.rows()}
+    finished = {key for key, status in statuses.items() if status in FINISHED}
     ran = list(plan)
     summary = None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -309,7 +333,7 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
         for job in plan:
             if job.key not in finished:
                 progress.update(task, description=job.label)
-                _run_and_store(job, store, timeout_s, progress)
+                _run_and_store(job, store, timeout_s, progress, statuses.get(job.key))
             progress.advance(task)
         if adaptive is not None:
             extra, summary = _adaptive(adaptive, plan, store, timeout_s, progress, task)
@@ -326,8 +350,9 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
     return Outcome(len(ran), failed, summary)
 
 
-def _run_and_store(job: PlannedRun, store: ResultStore, timeout_s: float | None, progress: Progress) -> RunRecord:
-    record = run_job(job, timeout_s)
+def _run_and_store(job: PlannedRun, store: ResultStore, timeout_s: float | None, progress: Progress,
+                   previous: str | None = None) -> RunRecord:
+    record = run_job(job, timeout_s, store, previous)
     store.add(record.to_row())
     if record.status not in ("ok", "skipped"):
         progress.console.print(f"[red]{job.key} {record.status}[/]: {str(record.result.error or '')[:300]}")
@@ -351,8 +376,8 @@ def _adaptive(adaptive: Adaptive, plan: list[PlannedRun], store: ResultStore, ti
             stopped = f"the most repeats ({adaptive.max_repeats}) reached"
             break
         jobs = ordered(adaptive.repeat(repeat, need), adaptive.order_seed, filled)
-        finished = store.finished_keys()
-        jobs = [job for job in jobs if job.key not in finished]
+        statuses = {row["key"]: row.get("status") for row in store.rows()}
+        jobs = [job for job in jobs if statuses.get(job.key) not in FINISHED]
         progress.update(task, total=next(t.total for t in progress.tasks if t.id == task) + len(jobs))
         for job in jobs:
             if adaptive.budget_s is not None:
@@ -361,7 +386,7 @@ def _adaptive(adaptive: Adaptive, plan: list[PlannedRun], store: ResultStore, ti
                     stopped = f"the time budget ({adaptive.budget_s:g} s) ran out"
                     return ran, _summary(adaptive, added, stopped, need)
             progress.update(task, description=f"{job.label} (adaptive)")
-            _run_and_store(job, store, timeout_s, progress)
+            _run_and_store(job, store, timeout_s, progress, statuses.get(job.key))
             ran.append(job)
             name = f"{configuration_of(job.fields)} {job.framework}"
             added[name] = added.get(name, 0) + 1

@@ -83,3 +83,16 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return NAN, NAN
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else NAN
+
+
+CHANCE_SPREADS = 2.0  # an accuracy within this many binomial standard errors of 1/classes is at chance
+
+
+def at_chance(accuracy: float, classes: int | None, samples: int | None) -> bool:
+    """Whether ``accuracy`` over ``samples`` examples is indistinguishable from guessing among ``classes``: within
+    CHANCE_SPREADS standard errors of 1/classes (a model that learnt nothing scores that, give or take its noise),
+    or below it. Unknown (an old row without its class count): False."""
+    if not classes or not samples or classes < 2:
+        return False
+    chance = 1.0 / classes
+    return accuracy <= chance + CHANCE_SPREADS * math.sqrt(chance * (1 - chance) / samples)

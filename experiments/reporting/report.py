@@ -4,6 +4,7 @@ and the sweeps stored ("device/matmul-rate"); without it MFU is "not measured"."
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,11 +12,11 @@ from typing import Any
 
 from common.capabilities import Capabilities
 from common.results import RunRecord
-from common.store import ResultsError, ResultStore, atomic_write_text
+from common.store import ResultsError, ResultStore, atomic_write_text, changed_settings, row_settings
 from experiments.catalog import reference
 from experiments.catalog.rows import ADAPTIVE_KEY, MATMUL_RATE_KEY
 from experiments.execution.frameworks import FRAMEWORKS
-from experiments.reporting.accuracy import FLOOR, SPREADS, time_to_target, verdict
+from experiments.reporting.accuracy import CHANCE_SPREADS, FLOOR, SPREADS, time_to_target, verdict
 from experiments.reporting.analysis import (
     VS_BASELINE,
     VS_REFERENCE,
@@ -149,25 +150,55 @@ def _notes_text(cells: Cells) -> str:
 
 
 def _inference_parts(folder: Path, rows: list[dict[str, Any]]) -> tuple[list[str], str]:
-    infer = [r for r in rows if r.get("command") == "infer"]
+    """The inference tables: one per set of settings the rows were measured with (another --calls, config, weights
+    or host), each under its own header saying what differs, never mixed under one header without a word."""
+    groups = _by_settings([r for r in rows if r.get("command") == "infer"])
+    parts, tables = [f"# twinrun inference report: {folder.name}"], []
+    if len(groups) > 1:
+        warning = (f"Warning: this folder holds inference rows measured with {len(groups)} different settings; "
+                   f"each set has its own table below, with what differs from the first: compare rows within a "
+                   f"table only.")
+        parts.append(f"**{warning}**")
+        tables.append(warning)
+    first = row_settings(groups[0][0])
+    for number, group in enumerate(groups, start=1):
+        table = inference_table(group)
+        plot = plot_latency(group, folder / ("inference_latency.png" if number == 1 else
+                                             f"inference_latency-{number}.png"))
+        changed = changed_settings(first, row_settings(group[0]))
+        if len(groups) > 1:
+            differs = "; ".join(changed[:8]) if changed else "the first set"
+            parts.append(f"## Settings {number} of {len(groups)} ({', '.join(sorted({r['key'] for r in group}))})"
+                         f"\n\nAgainst the first set: {differs}.")
+            tables.append(f"settings {number} of {len(groups)}: {differs}")
+        parts += [_inference_method(group), table, _images([plot])]
+        tables.append(table)
+    return parts, "\n\n".join(tables)
+
+
+def _by_settings(infer: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows grouped by the settings they were measured with (common/store.py's row_settings), in order."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in infer:
+        groups.setdefault(json.dumps(row_settings(row), sort_keys=True, default=str), []).append(row)
+    return list(groups.values())
+
+
+def _inference_method(infer: list[dict[str, Any]]) -> str:
     example = infer[0]
     options, training = example.get("options", {}), example.get("training", {})
-    table = inference_table(rows)
-    plot = plot_latency(rows, folder / "inference_latency.png")
-    parts = [f"# twinrun inference report: {folder.name}",
-             f"Batch-1 latency: {options.get('calls')} timed calls after {options.get('warmup')} warm-up ones (the "
-             f"first call, with any compilation, is its own column); throughput: the median of "
-             f"{options.get('throughput_calls')} calls per batch size. Every call is a host batch in and host logits "
-             f"out, so it is synchronized. Intervals (95%): each framework's variants are measured in one process, so "
-             f"its calls are the samples: order-statistic intervals of the p50 and p99 (scipy.stats.quantile_test; a "
-             f"p99 from few calls has no upper bound), and a paired bootstrap (the same input at every call, seeded) "
-             f"of each variant's p50 against eager's, with a verdict. They say how precisely this process measured; a "
-             f"second process may land elsewhere (the ladder's runs are the unit of replication). Accuracy on the eval "
-             f"split ({example.get('eval_batches') or 'all'} batches of 128), delta against the same framework's eager "
-             f"fp32. Weights: {training}. Device: {sorted({str(r.get('device')) for r in infer})}. Host:\n\n"
-             f"{host_lines(example.get('host') or {})}",
-             table, _images([plot])]
-    return parts, table
+    return (f"Batch-1 latency: {options.get('calls')} timed calls after {options.get('warmup')} warm-up ones (the "
+            f"first call, with any compilation, is its own column); throughput: the median of "
+            f"{options.get('throughput_calls')} calls per batch size. Every call is a host batch in and host logits "
+            f"out, so it is synchronized. Intervals (95%): each framework's variants are measured in one process, so "
+            f"its calls are the samples: order-statistic intervals of the p50 and p99 (scipy.stats.quantile_test; a "
+            f"p99 from few calls has no upper bound), and a paired bootstrap (the same input at every call, seeded) "
+            f"of each variant's p50 against eager's, with a verdict. They say how precisely this process measured; a "
+            f"second process may land elsewhere (the ladder's runs are the unit of replication). Accuracy on the eval "
+            f"split ({example.get('eval_batches') or 'all'} batches of 128), delta against the same framework's eager "
+            f"fp32; '(chance level)': within {CHANCE_SPREADS:g} standard errors of 1/classes, a model that has learnt "
+            f"nothing. Weights: {training}. Device: {sorted({str(r.get('device')) for r in infer})}. Host:\n\n"
+            f"{host_lines(example.get('host') or {})}")
 
 
 def _sweep_parts(folder: Path, records: list[RunRecord], rate: float | None,
@@ -370,23 +401,28 @@ def _images(paths: list[Path | None]) -> str:
     return "\n\n".join(f"![{p.stem}]({p.name})" for p in drawn)
 
 
-def write_report(folder: Path) -> Report:
-    """report.md (+ PNGs) for a results folder holding a ladder, a sweep or inference rows."""
+def write_report(folder: Path, out: Path | None = None) -> Report:
+    """report.md (+ PNGs) for a results folder holding a ladder, a sweep or inference rows, written into the folder
+    or into ``out`` (a folder the user can write, when the results folder is read-only: its rows are read
+    read-only all the same)."""
     store = ResultStore(folder)
     rows = store.rows()
     if not rows:
         raise ResultsError(f"no results in {folder} (neither {store.path.name} nor {store.jsonl.name})")
+    target = folder if out is None else out
     summary: list[str] = []
     tables: list[str] = []
     if any(r.get("command") == "infer" for r in rows):
-        parts, table = _inference_parts(folder, rows)
+        parts, table = _inference_parts(target, rows)
     else:
         records = [r for r in store.records() if r.command in ("ladder", "sweep")]
         rate, adaptive = matmul_rate(rows), adaptive_row(rows)
         if any(r.command == "sweep" for r in records):
-            parts, table = _sweep_parts(folder, records, rate, adaptive)
+            parts, table = _sweep_parts(target, records, rate, adaptive)
         else:
-            parts, table, summary, tables = _ladder_parts(folder, records, rate, adaptive)
-    path = folder / "report.md"
+            parts, table, summary, tables = _ladder_parts(target, records, rate, adaptive)
+    if target != folder:
+        parts.insert(1, f"Rows read from {folder}; this report and its plots are written to {target}.")
+    path = target / "report.md"
     atomic_write_text(path, "\n\n".join(p for p in parts if p) + "\n")
     return Report(path, table, summary, tables)

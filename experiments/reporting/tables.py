@@ -15,6 +15,7 @@ from common.workloads import arch, num_classes, workload_for
 from experiments.catalog import reference
 from experiments.catalog.rungs import BASELINE_TEXT, TECHNIQUES
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.reporting.accuracy import at_chance
 from experiments.reporting.analysis import ACROSS, VS_BASELINE, VS_BELOW, VS_TOP, Analysis
 from experiments.reporting.cells import NAN, Cells, measured, median, ordered_groups
 from experiments.reporting.recommend import emulation_cost
@@ -303,12 +304,14 @@ def inference_table(rows: list[dict[str, Any]]) -> str:
             continue
         latency = row["latency_b1_ms"]
         samples = latency.get("samples") or []
+        chance = at_chance(row["accuracy"], row.get("num_classes"), row.get("eval_samples"))
+        chance_text = " (chance level)" if chance else ""
         versus = against_eager(row, eager.get(row["framework"]))
         throughput = [_throughput_cell(row["throughput"].get(str(b), {})) for b in batches]
         lines.append("| " + " | ".join([row["framework"], row["variant"], "ok",
                                         _ms_interval(samples, 0.5, latency["p50"]),
                                         _ms_interval(samples, 0.99, latency["p99"]),
                                         versus.text() if versus is not None else "-", f"{row['first_call_s']:.2f}",
-                                        *throughput, f"{row['accuracy']:.3f}",
+                                        *throughput, f"{row['accuracy']:.3f}{chance_text}",
                                         fmt(row.get("accuracy_delta", NAN), "{:+.3f}"), row.get("note", "")]) + " |")
     return "\n".join(lines)
