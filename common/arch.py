@@ -39,10 +39,6 @@ class BlockSpec:
         return self.stride != 1 or self.in_channels != self.out_channels
 
     @property
-    def torch_name(self) -> str:
-        return f"layer{self.stage}.{self.index}"
-
-    @property
     def flax_name(self) -> str:
         return f"layer{self.stage}_{self.index}"
 
@@ -91,16 +87,6 @@ class ResNetArch:
     @property
     def feature_channels(self) -> int:
         return self.blocks[-1].out_channels
-
-    def stage_output_sizes(self, image_size: int) -> list[int]:
-        """Spatial size after the stem and after each stage, for an image_size x image_size input."""
-        size = stem_output_size(self.stem, image_size)
-        sizes = [size]
-        for stage in range(1, len(self.depths) + 1):
-            if stage > 1:
-                size = conv_output_size(size, 3, 2, 1)
-            sizes.append(size)
-        return sizes
 
 
 def scaled(channels: int, width: float) -> int:

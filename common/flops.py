@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from common.arch import ResNetArch, conv_output_size
+from common.arch import ResNetArch, conv_output_size, stem_output_size
 from common.arch_vit import TransformerArch
 
 TRAIN_STEP_FACTOR = 3.0
@@ -51,11 +51,10 @@ def resnet_flops(arch: ResNetArch, image_size: int, count_padding: bool = True) 
     pad = count_padding
     total = 0
     if arch.stem == "cifar":
-        size = image_size
-        total += conv_flops(3, arch.stem_channels, size, 3, 1, pad)
+        total += conv_flops(3, arch.stem_channels, image_size, 3, 1, pad)
     else:
         total += conv_flops(3, arch.stem_channels, image_size, 7, 2, pad)
-        size = conv_output_size(conv_output_size(image_size, 7, 2, 3), 3, 2, 1)
+    size = stem_output_size(arch.stem, image_size)
     for block in arch.blocks:
         out_size = conv_output_size(size, 3, block.stride, 1)
         if arch.block == "basic":

@@ -29,8 +29,8 @@ from common.config import RunConfig
 from common.errors import ConfigError
 
 AXIS = "data"
-# The process's place when a launcher of ours starts it (experiments/runner.py, or by hand on several machines,
-# with JAX_COORDINATOR_ADDRESS, which JAX itself reads); unset, JAX detects SLURM, Open MPI or Kubernetes.
+# The process's place when a launcher of ours starts it (experiments/execution/runner.py, or by hand on several
+# machines, with JAX_COORDINATOR_ADDRESS, which JAX itself reads); unset, JAX detects SLURM, Open MPI or Kubernetes.
 PROCESS_ID_VARIABLE = "TWINRUN_PROCESS_ID"
 
 
@@ -48,10 +48,6 @@ def start(config: RunConfig) -> None:
                           f"MPI, or let `twinrun run` launch the processes") from exc
     if jax.process_count() != config.processes:
         raise ConfigError(f"processes={config.processes} but jax.distributed joined {jax.process_count()}")
-
-
-def is_main_process() -> bool:
-    return jax.process_index() == 0
 
 
 def bn_axis_name(config: RunConfig) -> str | None:

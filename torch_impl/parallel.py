@@ -27,10 +27,6 @@ class Replica:
     def distributed(self) -> bool:
         return self.world_size > 1
 
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 logs, evaluates, checkpoints and writes the result."""
-        return self.rank == 0
 
 
 def from_environment() -> Replica:

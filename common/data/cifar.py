@@ -60,9 +60,6 @@ LAYOUTS: dict[str, CifarLayout] = {
     ),
 }
 
-IMAGE_SHAPE = (32, 32, 3)
-
-
 def expected_layout_text(layout: CifarLayout) -> str:
     files = ", ".join(layout.train_files + layout.test_files + (layout.meta_file,))
     return (

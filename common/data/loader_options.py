@@ -40,12 +40,3 @@ class LoaderOptions:
             raise DataError(f"read latency must be 0 or more ms, got {self.read_latency_ms}")
         if self.device_prefetch < 0:
             raise DataError(f"device prefetch must be 0 or more batches, got {self.device_prefetch}")
-
-    def no_effect_here(self, framework: str) -> list[str]:
-        """Options that are accepted but change nothing in this setting (recorded, never an error)."""
-        notes = []
-        if self.workers == 0 and self.persistent_workers:
-            notes.append("persistent_workers: no effect with 0 workers")
-        if framework == "torch" and self.workers == 0 and self.prefetch != 2:
-            notes.append("prefetch: no effect with 0 workers")
-        return notes
