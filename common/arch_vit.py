@@ -1,5 +1,5 @@
 """The Vision Transformer family described once; torch_impl/transformer.py and jax_impl/transformer.py both build
-from it, and the weight transfer (common/weights.py) and the FLOP count (common/flops.py) read it.
+from it, and the weight transfer (common/weights.py) and the FLOP count (experiments/reporting/flops.py) read it.
 
 A pre-LN encoder (timm's layout and names): patch embedding (a p x p convolution of stride p), an optional class
 token, learned position embeddings, ``depth`` blocks of ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``, a final

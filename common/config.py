@@ -1,6 +1,6 @@
 """RunConfig: one description of a run that both trainers read, validated here with named errors.
 
-Its flags and TOML files are common/cli.py; the LR formula is common/schedule.py; which model family, data and
+Its flags and TOML files are experiments/cli.py; the LR formula is common/schedule.py; which model family, data and
 loss a run uses is common/workloads.py.
 """
 

@@ -1,7 +1,7 @@
-"""Typed run results and the rows they are stored as (the store itself: common/store.py).
+"""Typed run results and the rows they are stored as.
 
-A trainer returns a ``RunResult``; the driver stores ``RunRecord(...).to_row()`` (the result plus what the plan
-knows: key, command, config, host) and every reader goes back through ``RunRecord.from_row``. Rows carry
+A trainer returns a ``RunResult``; the driver stores it in a ``RunRecord`` (experiments/execution/record.py: the
+result plus what the plan knows) and every reader goes back through ``RunResult.from_row``. Rows carry
 ``schema``; rows written before it (schema 1) still read, and a field added since (the time-to-accuracy seconds)
 reads as not measured (NaN, or an empty list) from a row without it."""
 
@@ -189,40 +189,3 @@ def _known(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """The entries of ``values`` that are fields of ``cls`` (rows carry the plan's columns too)."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in values.items() if k in names}
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One stored row: a run's result with what the plan knows about it."""
-
-    key: str  # unique in a store: a rerun skips a key that finished
-    command: str  # ladder | sweep | run | ...
-    result: RunResult
-    config: dict[str, Any] = field(default_factory=dict)  # RunConfig.to_dict() of the run
-    host: dict[str, Any] = field(default_factory=dict)
-    wall_s: float = NAN
-    fields: dict[str, Any] = field(default_factory=dict)  # the plan's own columns (rung, sweep value, repeat, ...)
-
-    @property
-    def framework(self) -> str:
-        return self.result.framework
-
-    @property
-    def status(self) -> str:
-        return self.result.status
-
-    def to_row(self) -> Row:
-        row = {**self.fields, **self.result.to_row(), "key": self.key, "command": self.command, "config": self.config,
-               "host": self.host, "wall_s": self.wall_s}
-        row.pop("traceback", None)  # the error line stays; the traceback is for the worker's log
-        return row
-
-    @classmethod
-    def from_row(cls, row: Row) -> RunRecord:
-        result = RunResult.from_row(row)
-        own = {"key", "command", "config", "host", "wall_s", "schema", "eval"} | {f.name for f in fields(RunResult)}
-        own |= {result.framework} if "framework_version" not in row else set()
-        wall = row.get("wall_s")
-        return cls(key=row["key"], command=row.get("command", ""), result=result, config=row.get("config") or {},
-                   host=row.get("host") or {}, wall_s=NAN if wall is None or not math.isfinite(wall) else float(wall),
-                   fields={k: v for k, v in row.items() if k not in own})

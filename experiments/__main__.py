@@ -14,7 +14,6 @@ import sys
 from types import ModuleType
 from typing import NoReturn
 
-from common.capabilities import check_overrides
 from common.errors import TwinrunError
 from experiments.commands import (
     compare,
@@ -29,6 +28,7 @@ from experiments.commands import (
     sweep,
     train,
 )
+from experiments.execution.host import check_overrides
 from experiments.execution.runner import install_signal_handlers
 
 # command -> (module in experiments/commands/, help); each module has add_arguments(parser) and run(args) -> exit code

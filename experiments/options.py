@@ -11,11 +11,11 @@ from typing import Any
 
 from rich.console import Console
 
-from common.results import RunRecord
 from common.workloads import known_models
 from experiments.catalog.presets import PRESETS
 from experiments.execution.frameworks import CHOICES, FRAMEWORKS
 from experiments.execution.plan import Adaptive, Configuration, PlannedRun, PlanOptions
+from experiments.execution.record import RunRecord
 
 PLAN_SOURCES = ("cifar100", "cifar10", "mnist5k")  # the labelled sources a ladder or sweep reads
 

@@ -26,7 +26,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest
 
-from common.data.fixtures import write_cifar_archive
+from experiments.catalog.fixtures import write_cifar_archive
 
 
 @pytest.fixture(scope="session")
@@ -41,7 +41,8 @@ def cifar10_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def text_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """AG News's CSV layout, 4 classes, long-tailed lengths (common/data/fixtures.py): 320 train, 64 test texts."""
-    from common.data.fixtures import write_text_fixture
+    """AG News's CSV layout, 4 classes, long-tailed lengths (experiments/catalog/fixtures.py): 320 train, 64 test
+    texts."""
+    from experiments.catalog.fixtures import write_text_fixture
 
     return write_text_fixture(tmp_path_factory.mktemp("agnews"), fmt="agnews", n_train=320, n_test=64, seed=3)

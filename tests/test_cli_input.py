@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from common.cli import add_config_arguments, config_from_args, load_toml
 from common.config import RunConfig
 from common.errors import ConfigError
-from common.store import writable_folder
 from experiments.__main__ import COMMANDS, build_parser, main
 from experiments.catalog.sweeps import SWEEPS, Sweep, checked_values
+from experiments.cli import add_config_arguments, config_from_args, load_toml
 from experiments.commands import report
+from experiments.execution.store import writable_folder
 
 HIDDEN_FLAGS = ("--fail-after-step", "--inject-inf-at-step", "--inject-failure")
 
@@ -225,7 +225,7 @@ def no_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_malformed_simulated_gpu_capability_is_refused_before_any_run(tmp_path, monkeypatch, capsys, no_runs):
     """Item 3: TWINRUN_GPU_CAPABILITY=abc used to let the run finish, then fail in the host record."""
-    from common.capabilities import detect
+    from experiments.execution.host import detect
 
     monkeypatch.setenv("TWINRUN_GPU_CAPABILITY", "abc")
     err = _one_line(_refused(capsys, ["run", "--source", "synthetic", "--out", str(tmp_path / "out")]))
@@ -328,9 +328,9 @@ def test_damaged_archives_unknown_flags_and_long_texts_are_named(tmp_path, capsy
     """Item 15: a damaged gzip read as "meta is missing"; an unknown flag pointed to the top-level help; a text
     over csv's 128 KiB field limit was refused instead of cut at max_len."""
     from common.data.cifar import read_cifar
-    from common.data.fixtures import write_cifar_archive
     from common.data.text import load_text_source
     from common.errors import DataError
+    from experiments.catalog.fixtures import write_cifar_archive
 
     archive = write_cifar_archive(tmp_path / "c", kind="cifar10", n_train=50, n_test=10, seed=0)
     data = bytearray(archive.read_bytes())

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-from common.cli import add_config_arguments, config_from_args, load_toml
 from common.config import RunConfig
 from common.errors import ConfigError
+from experiments.cli import add_config_arguments, config_from_args, load_toml
 
 
 def _parse(argv):
@@ -65,7 +65,7 @@ def test_unknown_keys_and_bad_files(tmp_path):
 def test_every_field_has_one_flag_group_and_the_test_hooks_are_hidden():
     from dataclasses import fields
 
-    from common.cli import GROUPS, HIDDEN
+    from experiments.cli import GROUPS, HIDDEN
 
     grouped = [name for members in GROUPS.values() for name in members] + list(HIDDEN)
     assert sorted(grouped) == sorted(f.name for f in fields(RunConfig))  # each exactly once

@@ -19,14 +19,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
-from common.data.fixtures import write_cifar_archive
 from common.errors import ConfigError
 from common.loop import Place, fit
-from common.results import NAN, Compilation, Evaluation, Memory, RunRecord, RunResult
+from common.results import NAN, Compilation, Evaluation, Memory, RunResult
 from common.schedule import learning_rate
 from common.timing import process_start_time
+from experiments.catalog.fixtures import write_cifar_archive
+from experiments.cli import add_config_arguments, config_from_args
+from experiments.execution.record import RunRecord
 from experiments.reporting.accuracy import time_to_target, verdict
 from experiments.reporting.curves import plot_curves
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from common.data.cifar import LAYOUTS, read_cifar
-from common.data.fixtures import hardness, write_cifar_archive
 from common.errors import DataError
 from experiments.catalog.defaults import LADDER_DIFFICULTY, archive_folder, default_archive
+from experiments.catalog.fixtures import hardness, write_cifar_archive
 
 # Computed from the generator as it was before the difficulty knob (commit 33a777b), over the decoded images,
 # labels and class names of both splits of the default archive (cifar100, 5000 / 1000, seed 0): results stored

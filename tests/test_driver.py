@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from common.config import RunConfig
-from common.flops import train_step_flops
-from common.results import RunRecord, RunResult, Summary, Timing
-from common.store import ResultStore
+from common.results import RunResult, Summary, Timing
 from common.workloads import arch
 from experiments.__main__ import main
 from experiments.catalog.rows import MATMUL_RATE_KEY
@@ -21,7 +19,10 @@ from experiments.catalog.rungs import BASELINE_TEXT, BASELINE_WORKERS, Device, l
 from experiments.execution.frameworks import FRAMEWORKS
 from experiments.execution.paired import result_of
 from experiments.execution.plan import LadderOptions, Prepared, execute, ladder_plan
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultStore
 from experiments.options import console_for_output
+from experiments.reporting.flops import train_step_flops
 from experiments.reporting.report import write_report
 from experiments.reporting.tables import flops_per_step
 

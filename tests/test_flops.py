@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.arch import resnet
-from common.flops import forward_flops
+from experiments.reporting.flops import forward_flops
 from jax_impl.models import init_variables
 from jax_impl.models import make_model as make_flax
 from torch_impl.models import make_model as make_torch
@@ -50,7 +50,8 @@ def test_padding_convention_only_changes_padded_convolutions():
     assert forward_flops(arch, 32, batch_size=4) == 4 * with_padding
 
 
-# The Vision Transformer: products only (common/flops.py). vit-micro: attention is 14% of its FLOPs, vit-tiny 5%.
+# The Vision Transformer: products only (experiments/reporting/flops.py). vit-micro: attention is 14% of its FLOPs,
+# vit-tiny 5%.
 VIT_CASES = [("vit-micro", "cls"), ("vit-micro", "mean"), ("vit-tiny", "cls"), ("vit-tiny", "mean")]
 
 
@@ -63,7 +64,7 @@ def test_vit_flops_match_torch_flop_counter(name, pool, attention):
     for the CPU flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) that runs here, so on CPU it counts
     everything but attention's own products; where it does count an SDPA kernel, the total must be ours."""
     from common.arch_vit import vit
-    from common.flops import attention_flops
+    from experiments.reporting.flops import attention_flops
     from torch_impl.transformer import make_model as make_torch_vit
 
     arch = vit(name, pool=pool)
@@ -84,7 +85,7 @@ def test_vit_flops_match_xla_cost_analysis(name, pool):
     the tensors they touch) is 2.7% of vit-micro's products and 0.8% of vit-tiny's: below 4%, which stays below
     attention's share (14%, 5%), so a count that left attention out fails here."""
     from common.arch_vit import vit
-    from common.flops import attention_flops
+    from experiments.reporting.flops import attention_flops
     from jax_impl.transformer import make_model as make_flax_vit
 
     def flops(fn, *args) -> float:
@@ -107,7 +108,7 @@ def test_vit_flops_dispatch_and_scaling():
     """train_step_flops takes any family (the report's MFU column calls it so); the count is per image times the
     batch; the image size sets the token count, and attention grows with its square."""
     from common.arch_vit import vit
-    from common.flops import attention_flops, train_step_flops
+    from experiments.reporting.flops import attention_flops, train_step_flops
 
     arch = vit("vit-s", pool="mean")
     assert train_step_flops(arch, 32, 8) == 3 * 8 * forward_flops(arch, 32)

@@ -120,8 +120,8 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch
 def _rerun_keeps_the_measured_rows(args, folder, monkeypatch, capsys):
     """Issue 13: a rerun with other settings is refused, naming them. Issue 26: a rerun with the same settings
     resumes per variant: the finished ones are kept, not measured again."""
-    from common.store import ResultStore
     from experiments.commands import infer
+    from experiments.execution.store import ResultStore
 
     before = ResultStore(folder).rows()
     capsys.readouterr()

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from common.data.fixtures import write_text_fixture
 from experiments.__main__ import main
+from experiments.catalog.fixtures import write_text_fixture
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,16 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.capabilities import Capabilities, detect, emulation
-from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
-from common.results import RunRecord, RunResult, Summary, Timing
-from common.store import ResultStore
-from common.versions import host_info
+from common.results import RunResult, Summary, Timing
 from experiments.__main__ import main
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, ladder_rungs, parse_order, rung_config
+from experiments.cli import add_config_arguments, config_from_args
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.host import Capabilities, detect, emulation, host_info
 from experiments.execution.plan import LadderOptions, Prepared, ladder_plan
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultStore
 from experiments.reporting.analysis import analyse, ladder_pairs, recommend
 from experiments.reporting.cells import ladder_cells
 from experiments.reporting.recommend import NOT_REPRODUCED, Answer

@@ -1,6 +1,6 @@
-"""The layout's promises, read from the source (no import runs): common/ knows no framework and no driver,
-neither framework package imports the other, experiments/ has no import cycles, and nothing but the command
-table imports experiments.commands."""
+"""The layout's promises, read from the source (no import runs): common/ knows no framework and no driver and holds
+nothing only the driver uses, neither framework package imports the other, experiments/ has no import cycles, and
+nothing but the command table imports experiments.commands."""
 
 from __future__ import annotations
 
@@ -43,6 +43,19 @@ def test_common_imports_no_framework_and_no_driver():
     for name, path in _modules("common").items():
         assert not _roots(_imports(path, top_level_only=False)) & {"torch", "jax", "flax", "optax", "torch_impl",
                                                                       "jax_impl", "experiments"}, name
+
+
+def test_common_holds_only_what_more_than_the_driver_uses():
+    """A common/ module imported by experiments/ alone (or by nothing) belongs under experiments/ (a package's
+    __init__ runs with any of its modules, so it is left out)."""
+    importers: dict[str, set[str]] = {name: set() for name, path in _modules("common").items()
+                                      if path.name != "__init__.py"}
+    for package in PACKAGES:
+        for name, path in _modules(package).items():
+            for imported in _imports(path, top_level_only=False) & set(importers) - {name}:
+                importers[imported].add(package)
+    driver_only = sorted(name for name, packages in importers.items() if packages <= {"experiments"})
+    assert not driver_only, f"used by experiments/ alone (or unused): {driver_only}"
 
 
 def test_the_framework_packages_never_import_each_other():

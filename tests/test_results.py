@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from common.results import SCHEMA, Evaluation, Memory, RunRecord, RunResult, Summary, Timing
-from common.store import ResultStore
+from common.results import SCHEMA, Evaluation, Memory, RunResult, Summary, Timing
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultStore
 
 
 def _result() -> RunResult:

@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
-from common.results import RunRecord, RunResult, Summary, Timing
-from common.store import ResultStore
-from common.versions import host_info
+from common.results import RunResult, Summary, Timing
 from experiments.catalog.rows import AA_SUFFIX
 from experiments.catalog.rungs import Device
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.host import host_info
 from experiments.execution.plan import LadderOptions, Prepared, ladder_plan
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultStore
 from experiments.reporting import stats
 from experiments.reporting.analysis import analyse, ladder_pairs, recommend
 from experiments.reporting.cells import ladder_cells

@@ -18,14 +18,15 @@ import pytest
 
 from common.config import RunConfig
 from common.errors import TwinrunError
-from common.results import RunRecord, RunResult
-from common.store import ResultStore, run_settings
-from common.versions import host_info
+from common.results import RunResult
 from experiments.__main__ import main
 from experiments.catalog.presets import PRESETS
 from experiments.catalog.rungs import Device
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.host import host_info
 from experiments.execution.plan import LadderOptions, Prepared, ladder_plan
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultStore, run_settings
 from experiments.reporting.report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def _ladder_rows(archive: Path, out: Path, steps: int, status: str = "ok") -> li
 
 
 def test_two_processes_writing_200_rows_each_to_one_store_end_with_400(tmp_path):
-    code = ("import sys; from common.store import ResultStore\n"
+    code = ("import sys; from experiments.execution.store import ResultStore\n"
             "store = ResultStore(sys.argv[1])\n"
             "for i in range(200):\n"
             "    store.add({'key': f'{sys.argv[2]}/{i}', 'status': 'ok', 'value': i})\n")
@@ -264,7 +265,7 @@ def test_a_full_disk_keeps_a_finished_row_pending_and_the_next_write_imports_it(
 HOLDER = """
 import sys, time
 from pathlib import Path
-from common.store import folder_lock
+from experiments.execution.store import folder_lock
 with folder_lock(Path(sys.argv[1]), "ladder", "another --name"):
     print("held", flush=True)
     time.sleep(600)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from common.data.batches import make_sampler
-from common.data.fixtures import write_text_fixture
 from common.data.sources import Source
 from common.data.text import (
     BATCHINGS,
@@ -31,6 +30,7 @@ from common.data.text import (
     shared_pad_to,
 )
 from common.errors import ConfigError, DataError
+from experiments.catalog.fixtures import write_text_fixture
 
 MAX_LEN = 512  # above the fixture's longest example: nothing is cut, so padding is measured on whole texts
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.cli import config_from_args
 from common.config import RunConfig
 from common.errors import ConfigError
 from experiments.__main__ import build_parser, main
 from experiments.catalog.sweeps import SHAPE_VALUES, SWEEPS, checked_values
+from experiments.cli import config_from_args
 from experiments.execution.plan import PlanOptions, prepare, sweep_plan
 
 FRAMEWORKS = ("torch", "jax")

@@ -34,7 +34,7 @@ SMALL = {"calls": 6, "warmup": 1, "throughput_batches": [8], "throughput_calls":
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    from common.data.fixtures import write_text_fixture
+    from experiments.catalog.fixtures import write_text_fixture
 
     return write_text_fixture(tmp_path_factory.mktemp("agnews-infer"), fmt="agnews", n_train=300, n_test=100, seed=3)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.data.cifar import LAYOUTS
-from common.data.fixtures import write_cifar_archive, write_text_fixture
+from experiments.catalog.fixtures import write_cifar_archive, write_text_fixture
 
 DEFAULT_DATA_ROOT = Path("data")
 

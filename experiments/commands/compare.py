@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from common.store import atomic_write_text
+from experiments.execution.store import atomic_write_text
 from experiments.reporting.compare import compare_folders, load, markdown
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from common.cli import add_config_arguments, config_from_args
-from common.store import writable_folder
+from experiments.cli import add_config_arguments, config_from_args
 from experiments.execution.diagnosis import diagnose, diagnosis_config, write_diagnoses
 from experiments.execution.frameworks import selected
 from experiments.execution.preflight import check_runnable
+from experiments.execution.store import writable_folder
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 

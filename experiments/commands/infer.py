@@ -21,15 +21,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from common.cli import add_config_arguments, config_from_args, given_keys
 from common.config import INFERENCE_VARIANTS, RunConfig
-from common.store import ResultStore, run_settings
-from common.versions import host_info
 from common.workloads import workload_for
 from experiments.catalog.defaults import with_default_data
+from experiments.cli import add_config_arguments, config_from_args, given_keys
 from experiments.execution.frameworks import selected
+from experiments.execution.host import host_info
 from experiments.execution.inference import InferOptions, infer_rows, train_weights, trained_weights_path
 from experiments.execution.preflight import check_runnable, check_weights_file
+from experiments.execution.store import ResultStore, run_settings
 from experiments.options import (
     add_framework_argument,
     add_timeout_argument,

@@ -9,7 +9,6 @@ import time
 from dataclasses import replace
 
 from common.errors import ConfigError
-from common.results import RunRecord
 from experiments.catalog import defaults
 from experiments.catalog.presets import model_tag
 from experiments.catalog.rungs import DEFAULT_ORDER, Device, default_loader_workers, parse_order
@@ -28,6 +27,7 @@ from experiments.execution.plan import (
     with_paired_weights,
 )
 from experiments.execution.preflight import check_runnable
+from experiments.execution.record import RunRecord
 from experiments.options import (
     adaptive_options,
     add_plan_arguments,

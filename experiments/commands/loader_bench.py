@@ -10,9 +10,9 @@ from rich.console import Console
 from rich.table import Table
 
 from common.data.sources import KNOWN_SOURCES
-from common.store import ResultStore
 from experiments.execution.frameworks import selected
 from experiments.execution.loader_bench import BenchOptions, bench_rows, data_path
+from experiments.execution.store import ResultStore
 from experiments.options import add_framework_argument, add_timeout_argument, int_list, nonnegative_int, positive_int
 
 PNG_CHOICES = {"both": (False, True), "yes": (True,), "no": (False,)}

@@ -11,14 +11,14 @@ from typing import Any
 
 from rich.table import Table
 
-from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
-from common.store import atomic_write_text, writable_folder
 from common.workloads import workload_for
+from experiments.cli import add_config_arguments, config_from_args
 from experiments.execution.frameworks import selected
 from experiments.execution.overhead import GOAL, measure_isolated, overhead_config
 from experiments.execution.paired import paired_config
 from experiments.execution.preflight import check_runnable
+from experiments.execution.store import atomic_write_text, writable_folder
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 from experiments.reporting.stats import Comparison, bootstrap_ratio, judge
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from common.store import ResultsError, writable_folder
+from experiments.execution.store import ResultsError, writable_folder
 from experiments.reporting.report import write_report
 
 

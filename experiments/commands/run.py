@@ -8,16 +8,16 @@ from pathlib import Path
 
 from rich.table import Table
 
-from common.cli import add_config_arguments, config_from_args
 from common.config import RunConfig
-from common.results import RunRecord
-from common.store import ResultStore
-from common.versions import host_info
 from common.workloads import workload_for
 from experiments.catalog.defaults import with_default_data
+from experiments.cli import add_config_arguments, config_from_args
 from experiments.execution.frameworks import selected
+from experiments.execution.host import host_info
 from experiments.execution.paired import paired_config, run_framework
 from experiments.execution.preflight import check_runnable
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultStore
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
 
 COLUMNS = ("framework", "status", "step ms (p10..p90)", "images/s", "data wait %", "first step s", "recompiles",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from common.results import RunRecord
 from experiments.catalog.presets import model_tag
 from experiments.catalog.sweeps import COMPILE_OPTIONS, SWEEPS, checked_values
 from experiments.execution.device import cuda_available
@@ -21,6 +20,7 @@ from experiments.execution.plan import (
     sweep_repeat,
     with_paired_weights,
 )
+from experiments.execution.record import RunRecord
 from experiments.options import adaptive_options, add_plan_arguments, console_for_output, plan_options
 from experiments.reporting.analysis import analyse, references, sweep_pairs
 from experiments.reporting.cells import sweep_cells

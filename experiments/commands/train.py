@@ -19,12 +19,12 @@ import argparse
 import json
 from pathlib import Path
 
-from common.cli import add_config_arguments, config_from_args
 from common.results import RunResult
-from common.store import atomic_write_text, writable_folder
 from experiments.catalog.defaults import with_default_data
+from experiments.cli import add_config_arguments, config_from_args
 from experiments.execution.frameworks import fit_function
 from experiments.execution.runner import speaks_for_the_job
+from experiments.execution.store import atomic_write_text, writable_folder
 from experiments.options import add_framework_argument
 
 

@@ -7,9 +7,9 @@ import statistics
 import time
 from typing import Any
 
-from common.store import ResultStore
 from experiments.catalog.rows import MATMUL_RATE_COMMAND, MATMUL_RATE_KEY
 from experiments.execution.runner import run_isolated
+from experiments.execution.store import ResultStore
 
 
 def cuda_available() -> bool:

@@ -21,9 +21,9 @@ from typing import Any
 
 from common.config import RunConfig
 from common.results import RunResult, Summary
-from common.store import atomic_write_text
 from experiments.catalog.defaults import with_default_data
 from experiments.execution.paired import paired_config, run_framework
+from experiments.execution.store import atomic_write_text
 
 # The loader stalls the device for at least a quarter of every step: faster compute would not help.
 INPUT_BOUND_WAIT = 0.25

@@ -21,14 +21,14 @@ from common.config import RunConfig
 from common.data.batches import make_batch_maker, make_sampler
 from common.data.text import PAD, TextSource
 from common.results import RunResult
-from common.store import atomic_write_text
 from common.timing import summarize
-from common.versions import host_info
 from common.workloads import arch as describe
 from common.workloads import loader_options, num_classes, open_sources, workload_for
 from experiments.execution.frameworks import device_name, module
+from experiments.execution.host import host_info
 from experiments.execution.paired import paired_config, run_framework
 from experiments.execution.runner import run_isolated
+from experiments.execution.store import atomic_write_text
 
 HostBatch = tuple[np.ndarray, np.ndarray]
 Predict = Callable[[np.ndarray], np.ndarray]

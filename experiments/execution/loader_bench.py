@@ -9,9 +9,9 @@ from typing import Any
 from common.data import load_source
 from common.data.loader_options import LoaderOptions
 from common.timing import summarize
-from common.versions import host_info, package_versions
 from experiments.catalog.defaults import default_archive
 from experiments.execution.frameworks import LOADER_PACKAGES, module
+from experiments.execution.host import host_info, package_versions
 from experiments.execution.runner import run_isolated
 
 CIFAR_SOURCES = ("cifar100", "cifar10")

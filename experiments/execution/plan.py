@@ -20,9 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from common.config import RunConfig
 from common.data.cifar import LAYOUTS
 from common.errors import ConfigError
-from common.results import RunRecord, RunResult
-from common.store import FINISHED, ResultStore, run_settings
-from common.versions import host_info
+from common.results import RunResult
 from common.workloads import workload_for
 from experiments.catalog.defaults import default_archive, default_text_folder
 from experiments.catalog.presets import preset_settings
@@ -31,8 +29,11 @@ from experiments.catalog.rungs import DEFAULT_ORDER, Device, Rung, ladder_rungs,
 from experiments.catalog.sweeps import Sweep, mode_for, reference_value
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
+from experiments.execution.host import host_info
 from experiments.execution.paired import paired_config, run_framework
 from experiments.execution.preflight import check_runnable
+from experiments.execution.record import RunRecord
+from experiments.execution.store import FINISHED, ResultStore, run_settings
 
 DEFAULT_ACCURACY_EPOCHS = 5  # the ladder's epochs when --to-accuracy is given without --epochs
 SHARED_WEIGHTS = "initial-weights"  # beside the results folders: digest-named .npz files, one per model and seed

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from common.config import RunConfig
-from common.store import atomic_write_text
 from experiments.execution import device, frameworks, inference, loader_bench, overhead
 from experiments.execution.runner import speaks_for_the_job
+from experiments.execution.store import atomic_write_text
 
 Task = Callable[[dict[str, Any]], dict[str, Any]]
 

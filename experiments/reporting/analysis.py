@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from common.results import RunRecord
 from experiments.catalog.rows import AA_SUFFIX
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.record import RunRecord
 from experiments.reporting.cells import Cell, Cells, ordered_groups
 from experiments.reporting.stats import (
     FASTER,

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.results import RunRecord
 from experiments.catalog.rows import AA_SUFFIX, group_of
+from experiments.execution.record import RunRecord
 
 NAN = float("nan")
 Cells = dict[tuple[str, str], "Cell"]

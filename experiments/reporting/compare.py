@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.results import RunRecord
-from common.store import ResultsError, ResultStore, changed_settings, run_settings
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultsError, ResultStore, changed_settings, run_settings
 from experiments.reporting.analysis import Analysis, analyse
 from experiments.reporting.cells import Cells, ladder_cells, ordered_groups, sweep_cells
 from experiments.reporting.stats import NO_DIFFERENCE, Comparison, bootstrap_ratio, compare, judge

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.results import RunRecord
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.record import RunRecord
 from experiments.reporting.plots import _pyplot, _save
 
 STYLES = {"torch": "-", "jax": "--"}

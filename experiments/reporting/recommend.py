@@ -9,9 +9,9 @@ import math
 import shlex
 from dataclasses import dataclass, fields
 
-from common.capabilities import Capabilities, emulation
-from common.cli import FLAG_ALIASES
 from common.config import RunConfig
+from experiments.cli import FLAG_ALIASES
+from experiments.execution.host import Capabilities, emulation
 from experiments.reporting.analysis import Analysis, Recommendation
 from experiments.reporting.cells import Cell, Cells
 from experiments.reporting.stats import Comparison, Estimate
@@ -23,7 +23,7 @@ NOT_REPRODUCED = ("init_weights", "save_weights", "tensorboard_dir", "profile_di
 
 
 def flag_of(name: str) -> str:
-    """The long flag of a RunConfig field (common/cli.py's spelling)."""
+    """The long flag of a RunConfig field (experiments/cli.py's spelling)."""
     spellings = FLAG_ALIASES.get(name, ("--" + name.replace("_", "-"),))
     return next(s for s in spellings if s.startswith("--"))
 

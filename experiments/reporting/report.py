@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.capabilities import Capabilities
-from common.results import RunRecord
-from common.store import ResultsError, ResultStore, atomic_write_text, changed_settings, row_settings
 from experiments.catalog import reference
 from experiments.catalog.rows import ADAPTIVE_KEY, MATMUL_RATE_KEY
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.host import Capabilities
+from experiments.execution.record import RunRecord
+from experiments.execution.store import ResultsError, ResultStore, atomic_write_text, changed_settings, row_settings
 from experiments.reporting.accuracy import CHANCE_SPREADS, FLOOR, SPREADS, time_to_target, verdict
 from experiments.reporting.analysis import (
     VS_BASELINE,
@@ -140,8 +140,8 @@ def _frameworks(judged: Any) -> str:
 
 def _mfu_text(rate: float | None) -> str:
     measured_rate = f"{rate / 1e9:.1f} GFLOP/s" if rate else "not measured"
-    return (f"MFU: analytic training FLOPs per step (3x forward, common/flops.py) / step time / measured fp32 matmul "
-            f"rate of this device ({measured_rate}).")
+    return (f"MFU: analytic training FLOPs per step (3x forward, experiments/reporting/flops.py) / step time / "
+            f"measured fp32 matmul rate of this device ({measured_rate}).")
 
 
 def _notes_text(cells: Cells) -> str:
@@ -177,7 +177,7 @@ def _inference_parts(folder: Path, rows: list[dict[str, Any]]) -> tuple[list[str
 
 
 def _by_settings(infer: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The rows grouped by the settings they were measured with (common/store.py's row_settings), in order."""
+    """The rows grouped by the settings they were measured with (the store's row_settings), in order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for row in infer:
         groups.setdefault(json.dumps(row_settings(row), sort_keys=True, default=str), []).append(row)

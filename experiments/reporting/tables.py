@@ -9,15 +9,15 @@ from typing import Any
 
 from common.config import RunConfig
 from common.errors import TwinrunError
-from common.flops import train_step_flops
-from common.results import RunRecord
 from common.workloads import arch, num_classes, workload_for
 from experiments.catalog import reference
 from experiments.catalog.rungs import BASELINE_TEXT, TECHNIQUES
 from experiments.execution.frameworks import FRAMEWORKS
+from experiments.execution.record import RunRecord
 from experiments.reporting.accuracy import at_chance
 from experiments.reporting.analysis import ACROSS, VS_BASELINE, VS_BELOW, VS_TOP, Analysis
 from experiments.reporting.cells import NAN, Cells, measured, median, ordered_groups
+from experiments.reporting.flops import train_step_flops
 from experiments.reporting.recommend import emulation_cost
 from experiments.reporting.stats import Comparison, Estimate, bootstrap_ratio, judge, quantile_interval
 

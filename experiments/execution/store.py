@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import TwinrunError
-from common.results import Row, RunRecord
+from common.results import Row
+from experiments.execution.record import RunRecord
 
 FINISHED = ("ok", "diverged")  # a row of these is a measurement; a failed or skipped row never replaces one
 DATABASE = "runs.sqlite"

@@ -1,9 +1,11 @@
-"""What this machine's hardware does natively, detected (never assumed) and recorded with every row: the CPU's
-vector and matrix extensions that decide whether bf16/fp16 arithmetic is native or emulated, and each CUDA GPU's
-compute capability. Read without importing a framework (the driver and the report stay light).
+"""The host a number came from, recorded with every row and part of the settings a resumed plan must match
+(experiments/execution/store.py): Python, the CPU and GPUs, the measured libraries' versions, and what the hardware
+does natively. Read without importing a framework, so the driver stays light.
 
-A technique the hardware emulates still runs, since it is the article's technique, but the report flags it
-"emulated on this device" with its measured cost instead of letting it look like a slow technique.
+Capabilities are detected, never assumed: the CPU's vector and matrix extensions that decide whether bf16/fp16
+arithmetic is native or emulated, and each CUDA GPU's compute capability. A technique the hardware emulates still
+runs, since it is the article's technique, but the report flags it "emulated on this device" with its measured cost
+instead of letting it look like a slow technique.
 
 Detection can be overridden, to simulate another machine (tests, or a reader checking a report's logic):
 ``TWINRUN_CPU_FLAGS`` (comma-separated /proc/cpuinfo flags, replacing the detected ones) and
@@ -13,7 +15,9 @@ Detection can be overridden, to simulate another machine (tests, or a reader che
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -131,27 +135,70 @@ def detect() -> Capabilities:
     return Capabilities(cpu, gpu, simulated=flags_override is not None or gpu_override is not None)
 
 
-@functools.cache
 def _cpu_flags() -> tuple[str, ...]:
+    present = set((_cpuinfo("flags") or "").split())  # not Linux: unknown, so nothing is claimed native
+    return tuple(f for f in CPU_FLAGS_OF_INTEREST if f in present)
+
+
+def _gpu_capability() -> str | None:
+    """The first GPU's compute capability."""
+    listed = _nvidia_smi("compute_cap")
+    return listed[0] if listed else None
+
+
+@functools.cache
+def _cpuinfo(name: str) -> str | None:
+    """The value of the first /proc/cpuinfo line named ``name`` (None off Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                present = set(line.split(":", 1)[1].split())
-                return tuple(f for f in CPU_FLAGS_OF_INTEREST if f in present)
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return ()  # not Linux: unknown, so nothing is claimed native
+    return None
 
 
 @functools.cache
-def _gpu_capability() -> str | None:
-    """The first GPU's compute capability from nvidia-smi (without initialising CUDA in this process)."""
+def _nvidia_smi(query: str) -> tuple[str, ...]:
+    """``nvidia-smi --query-gpu=QUERY``, a value per GPU (none without the tool), read without initialising CUDA in
+    this process."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
-        return None
+        return ()
     try:
-        listed = subprocess.run([tool, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True,
-                                text=True, timeout=20, check=True).stdout.split()
+        listed = subprocess.run([tool, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=20, check=True).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return listed[0] if listed else None
+        return ()
+    return tuple(line.strip() for line in listed.splitlines() if line.strip())
+
+
+# the libraries a twinrun measurement depends on
+MEASURED_PACKAGES = ("torch", "torchvision", "jax", "jaxlib", "flax", "optax", "numpy")
+
+
+def package_versions(names: tuple[str, ...]) -> dict[str, str]:
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; platform.processor() elsewhere)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine()
+
+
+@functools.cache
+def _host() -> dict[str, object]:
+    return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "processor": platform.processor() or platform.machine(), "cpu_model": cpu_model(),
+            "gpus": list(_nvidia_smi("name")), "versions": package_versions(MEASURED_PACKAGES),
+            "capabilities": detect().to_dict()}
+
+
+def host_info() -> dict[str, object]:
+    return dict(_host())
