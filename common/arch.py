@@ -109,6 +109,24 @@ def group_count(channels: int) -> int:
     return max(g for g in range(1, 33) if channels % g == 0)
 
 
+def parse_remat_stages(text: str) -> tuple[int, ...]:
+    """The stages (1..4) whose activations are recomputed in the backward pass: ``none``, ``all`` or stage numbers
+    like ``2,3`` (the transformer's counterpart is common/arch_vit.py's ``parse_remat``)."""
+    plain = text.strip().lower()
+    if plain in ("none", ""):
+        return ()
+    if plain == "all":
+        return (1, 2, 3, 4)
+    try:
+        stages = tuple(sorted({int(s) for s in plain.replace("stages:", "").split(",")}))
+    except ValueError:
+        raise ConfigError(f"grad_checkpointing (remat) must be none, all or stage numbers like '2,3'; "
+                          f"got '{text}'") from None
+    if not stages or min(stages) < 1 or max(stages) > 4:
+        raise ConfigError(f"grad_checkpointing (remat) stages must be within 1..4, got '{text}'")
+    return stages
+
+
 def resnet(name: str, stem: str = "cifar", width: float = 1.0, num_classes: int = 100,
            zero_init_residual: bool = False, norm: str = "batch") -> ResNetArch:
     if name not in FAMILY:

@@ -1,7 +1,10 @@
 """RunConfig: one description of a run that both trainers read, validated here with named errors.
 
-Its flags and TOML files are experiments/cli.py; the LR formula is common/schedule.py; which model family, data and
-loss a run uses is common/workloads.py.
+Each field is written once, with ``knob``: its default, its help, its flag group, its choices or bounds, and the
+frameworks it applies to. The flags (experiments/cli.py) are built from that; so is the validation: every field
+checked against its own declaration, then the few rules that tie fields together (``CROSS_CHECKS``, each a small
+named function). The LR formula is common/schedule.py; which model family, data and loss a run uses is
+common/workloads.py.
 """
 
 from __future__ import annotations
@@ -9,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from common.arch import NORMS, STEMS
@@ -41,252 +45,212 @@ XLA_FLAG = re.compile(r"--xla_[A-Za-z0-9_]+(=\S+)?")
 # old field name -> new one: configs stored in earlier result rows and TOML files still read
 RENAMED = {"grad_checkpointing": "remat", "checkpoint_policy": "remat_policy"}
 
+# The flag groups, in --help's order; test hooks are accepted and never shown.
+GROUPS = ("data", "model", "optimizer", "schedule of the run", "precision", "compile", "loader", "parallel",
+          "checkpointing", "measurement")
+TEST_HOOKS = "test hooks"
+FRAMEWORKS = ("torch", "jax")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The interval a number must lie in; ``str`` is how an error names it ("positive", "in [0, 1)")."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    said: str = ""  # how errors name it instead, where the interval alone says too little
+
+    def holds(self, value: float) -> bool:  # NaN holds nowhere
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        if self.said:
+            return self.said
+        if self.high == math.inf:
+            return "positive" if (self.low, self.low_open) == (0, True) else f"{self.low:g} or more"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+POSITIVE = Bounds(0, low_open=True)
+AT_LEAST_0 = Bounds(0)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What a RunConfig field says of itself besides its default."""
+
+    help: str
+    group: str  # one of GROUPS, or TEST_HOOKS
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None  # a callable: a registry's current names
+    bounds: Bounds | None = None  # None is always allowed where the field's type allows it (not given)
+    frameworks: tuple[str, ...] = FRAMEWORKS  # where it changes anything (elsewhere: accepted, with a note)
+    flags: tuple[str, ...] = ()  # its spellings (timm's where it has one); none: --field-name
+    metavar: str | None = None  # its value's name in --help, where the help names it
+
+    @property
+    def allowed(self) -> tuple[str, ...] | None:
+        return self.choices() if callable(self.choices) else self.choices
+
+
+def knob(default: Any, help: str, group: str, *, choices: Any = None, bounds: Bounds | None = None,
+         frameworks: tuple[str, ...] = FRAMEWORKS, flags: tuple[str, ...] = (), metavar: str | None = None) -> Any:
+    """A RunConfig field with its declaration (``Knob``) as metadata."""
+    return field(default=default, metadata={"knob": Knob(help, group, choices, bounds, frameworks, flags, metavar)})
+
+
+def knob_of(f: dataclasses.Field) -> Knob:
+    return f.metadata["knob"]
+
+
+TORCH_ONLY, JAX_ONLY = ("torch",), ("jax",)
+
 
 @dataclass(frozen=True)
 class RunConfig:
-    # model
-    model: str = "resnet18"
-    stem: str = "cifar"
-    width: float = 0.25
-    norm: str = "batch"
-    zero_init_residual: bool = False
-    pool: str = "cls"  # transformers: classify from the class token, or the mean of the tokens
-    # transformers: naive = softmax(QK^T/sqrt(d))V written out; fused = F.scaled_dot_product_attention /
-    # jax.nn.dot_product_attention (the kernel that ran is in the run's notes)
-    attention: str = "fused"
-    max_len: int = 256  # text: tokens kept of a text, its [CLS] included (the position table's length)
     # data
-    source: str = "cifar100"
-    data: str | None = None
-    png: bool = False
-    synthetic_size: int = 2048
-    image_size: int = 32
-    # text: the padded length of a batch (common/data/text.py): pad-max (the split's longest text), pad-longest (the
-    # batch's longest), bucket (the smallest bucket size that holds the batch's longest)
-    batching: str = "pad-longest"
-    buckets: str = "pow2"  # the bucket sizes: powers of two up to max_len, or a number N for its multiples
-    # schedule of the run
-    batch_size: int = 128
-    steps: int | None = None
-    epochs: int | None = 1
-    eval_every: int = 0  # optimizer steps between evaluations; 0: only at the end
-    eval_batches: int | None = None  # cap on evaluation batches (None: the whole split)
-    # time to accuracy: stop at the first evaluation whose accuracy reaches this, evaluating at every epoch end
-    # (besides eval_every); steps / epochs stay the most the run may take
-    target_accuracy: float | None = None
-    timing_warmup: int = 2  # steps excluded from the steady-state statistics (the first includes compilation)
+    source: str = knob("cifar100", "data set (text: a folder of AG News train.csv/test.csv or train.jsonl/test.jsonl; "
+                       "the default of a text model)", "data", choices=KNOWN_SOURCES + TEXT_SOURCES)
+    data: str | None = knob(None, "CIFAR archive (.tar.gz) or extracted folder, or a text folder; default: a generated "
+                            "one", "data", flags=("--data", "--data-dir"))
+    png: bool = knob(False, "read the images as PNG files (the decode cost of a real image folder)", "data")
+    synthetic_size: int = knob(2048, "images in the synthetic source", "data", bounds=POSITIVE)
+    image_size: int = knob(32, "image side in pixels (synthetic source)", "data", bounds=POSITIVE)
+    batching: str = knob("pad-longest", "text: pad each batch to the split's longest text (pad-max), to the batch's "
+                         "longest (pad-longest) or to the smallest bucket that holds it (bucket)", "data",
+                         choices=BATCHINGS)
+    buckets: str = knob("pow2", "text: bucket sizes, pow2 (16, 32, 64 ... max_len) or N (multiples of N)", "data")
+    # model
+    model: str = knob("resnet18", "architecture", "model", choices=known_models, flags=("--model",))
+    stem: str = knob("cifar", "cifar: 3x3 conv; imagenet: 7x7 conv + max-pool", "model", choices=STEMS)
+    width: float = knob(0.25, "channel multiplier of the ResNet (a ViT's width is its name's: vit-micro 64, vit-tiny "
+                        "192, vit-s 384)", "model", bounds=Bounds(0, 8, low_open=True))
+    norm: str = knob("batch", "normalisation layer", "model", choices=NORMS)
+    zero_init_residual: bool = knob(False, "zero the last norm scale of every residual block", "model")
+    pool: str = knob("cls", "transformer: classify from the class token or the mean of the tokens", "model",
+                     choices=POOLS)
+    attention: str = knob("fused", "transformer attention kernel: naive (softmax(QK^T/sqrt(d))V written out) or fused "
+                          "(F.scaled_dot_product_attention / jax.nn.dot_product_attention)", "model",
+                          choices=ATTENTION_KERNELS)
+    max_len: int = knob(256, "text: tokens kept of each text ([CLS] + UTF-8 bytes), the position table's length",
+                        "model", bounds=Bounds(2, said="2 or more ([CLS] and one byte at least)"))
     # optimizer
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "cosine"
-    warmup_steps: int = 0
-    min_lr: float = 0.0
-    label_smoothing: float = 0.0
-    seed: int = 0
-    # techniques
-    precision: str = "fp32"
-    compile: str = "eager"
-    torchcompile_mode: str = "default"
-    compile_dynamic: str = "default"  # text: torch.compile and a new sequence length (COMPILE_DYNAMIC above)
-    matmul_precision: str = "highest"
-    cudnn_benchmark: bool = False
-    # XLA_FLAGS the JAX side adds before its backend starts (XLA:CPU's switches: oneDNN, XNNPACK fusion, ...);
-    # torch accepts it with a note. The flags rung sets JAX_CPU_XLA_FLAGS (experiments/catalog/rungs.py) on a CPU.
-    xla_flags: str = ""
-    grad_accum_steps: int = 1
-    lr_scale_accum: bool = False  # linear scaling rule: lr * grad_accum_steps
-    # activation (gradient) checkpointing, called remat here so that "checkpoint" means only the saved training
-    # state below; the flag keeps timm's name, --grad-checkpointing
-    remat: str = "none"  # none | all | stages like "2,3"
-    remat_policy: str = "nothing_saveable"
-    channels_last: bool = False
-    loss_scale_init: float = 2.0**16
-    loss_scale_growth_interval: int = 2000
-    # data parallel: ``devices`` replicas, each with ``batch_size`` images (global batch = batch_size * devices).
-    # torch: one DDP process per device under torchrun; JAX: one process over that many local devices,
-    # by ``jax_parallel`` = sharding (jit + NamedSharding), shard_map or pmap. ``processes`` > 1 spreads JAX's
-    # devices over that many processes joined by jax.distributed (devices / processes each); torch always runs
-    # one process per device, so it has no use for it.
-    devices: int = 1
-    processes: int = 1
-    jax_parallel: str = "sharding"
-    sync_bn: bool = False  # BatchNorm statistics over the global batch (SyncBatchNorm / axis_name)
-    # pipeline parallel: 2 = the ResNet cut before stage ``PIPELINE_SPLIT_STAGE`` into two stages on two devices
-    # (torch: two processes, torch.distributed.pipelining; JAX: shard_map + ppermute), GPipe over micro-batches
-    pipeline_stages: int = 1
-    pipeline_micro_batches: int = 4
+    optimizer: str = knob("sgd", "torch.optim formulas, mirrored in optax", "optimizer", choices=OPTIMIZERS)
+    lr: float = knob(0.1, "base learning rate", "optimizer", bounds=POSITIVE, flags=("--lr",))
+    momentum: float = knob(0.9, "SGD momentum", "optimizer", bounds=Bounds(0, 1, high_open=True))
+    weight_decay: float = knob(5e-4, "SGD: coupled; AdamW: decoupled", "optimizer", bounds=AT_LEAST_0,
+                               flags=("--weight-decay", "--wd"))
+    schedule: str = knob("cosine", "LR schedule after the warm-up", "optimizer", choices=SCHEDULES)
+    warmup_steps: int = knob(0, "linear LR warm-up, in optimizer steps", "optimizer", bounds=AT_LEAST_0,
+                             flags=("--warmup-steps",))
+    min_lr: float = knob(0.0, "the cosine schedule's floor", "optimizer", bounds=AT_LEAST_0)
+    label_smoothing: float = knob(0.0, "label smoothing of the cross-entropy", "optimizer",
+                                  bounds=Bounds(0, 1, high_open=True), flags=("--smoothing", "--label-smoothing"))
+    grad_accum_steps: int = knob(1, "micro-batches per optimizer step (gradient accumulation)", "optimizer",
+                                 bounds=POSITIVE)
+    lr_scale_accum: bool = knob(False, "linear scaling rule: lr x grad_accum_steps", "optimizer")
+    seed: int = knob(0, "initialisation, shuffling and augmentation seed", "optimizer", bounds=AT_LEAST_0)
+    # schedule of the run
+    batch_size: int = knob(128, "images per step and replica (per micro-batch with accumulation)",
+                           "schedule of the run", bounds=POSITIVE, flags=("-b", "--batch-size"))
+    steps: int | None = knob(None, "optimizer steps (give steps or epochs)", "schedule of the run", bounds=POSITIVE)
+    epochs: int | None = knob(1, "epochs (give steps or epochs)", "schedule of the run", bounds=POSITIVE)
+    eval_every: int = knob(0, "optimizer steps between evaluations; 0: at the end only", "schedule of the run",
+                           bounds=AT_LEAST_0)
+    eval_batches: int | None = knob(None, "cap on evaluation batches; none: the whole test split",
+                                    "schedule of the run", bounds=POSITIVE)
+    # time to accuracy: steps / epochs stay the most the run may take
+    target_accuracy: float | None = knob(None, "stop at the first evaluation whose accuracy reaches A; evaluates at "
+                                         "every epoch end (and every --eval-every steps)", "schedule of the run",
+                                         bounds=Bounds(0, 1, low_open=True), flags=("--to-accuracy",
+                                                                                    "--target-accuracy"), metavar="A")
+    # precision
+    precision: str = knob("fp32", "compute dtype; fp64 is the verification mode", "precision", choices=PRECISIONS,
+                          flags=("--amp-dtype", "--precision"))
+    matmul_precision: str = knob("highest", "fp32 matmul precision (torch set_float32_matmul_precision / JAX "
+                                 "default_matmul_precision)", "precision", choices=MATMUL_PRECISIONS)
+    loss_scale_init: float = knob(2.0**16, "fp16: initial dynamic loss scale", "precision", bounds=POSITIVE)
+    loss_scale_growth_interval: int = knob(2000, "fp16: steps without overflow before the scale doubles",
+                                           "precision", bounds=POSITIVE)
+    # compile
+    compile: str = knob("eager", "torch.compile / jax.jit, or eager (JAX: op by op)", "compile",
+                        choices=COMPILE_MODES)
+    torchcompile_mode: str = knob("default", "torch.compile mode", "compile", choices=TORCH_COMPILE_MODES,
+                                  frameworks=TORCH_ONLY)
+    compile_dynamic: str = knob("default", "torch.compile and a new input shape: false (a graph per shape, up to the "
+                                "recompile limit), default (automatic dynamic after the first recompile), true, or "
+                                "mark (mark_dynamic on the sequence axis); JAX compiles a program per shape",
+                                "compile", choices=COMPILE_DYNAMIC, frameworks=TORCH_ONLY)
+    cudnn_benchmark: bool = knob(False, "torch.backends.cudnn.benchmark", "compile", frameworks=TORCH_ONLY)
+    # XLA:CPU's switches (oneDNN, XNNPACK fusion, ...); the flags rung sets JAX_CPU_XLA_FLAGS on a CPU
+    # (experiments/catalog/rungs.py)
+    xla_flags: str = knob("", "XLA_FLAGS added before the backend starts, e.g. '--xla_cpu_use_onednn=true'",
+                          "compile", frameworks=JAX_ONLY)
+    channels_last: bool = knob(False, "memory format NHWC", "compile", frameworks=TORCH_ONLY)
     # loader
-    workers: int = 0
-    prefetch: int = 2
-    pin_mem: bool = False
-    persistent_workers: bool = False
-    device_prefetch: int = 0
-    drop_last: bool = False
-    read_latency_ms: float = 0.0  # simulated slow storage: ms of waiting per training batch read
-    # checkpoints of the training state (model, optimizer, schedule, scaler), for resuming
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 0
-    resume: bool = False
-    # profiler: the last ``profile_steps`` steps run under torch.profiler / jax.profiler (kept out of the
-    # timing statistics, since tracing slows them) and write a trace under ``profile_dir``
-    profile_steps: int = 0
-    profile_dir: str | None = None
-    # TensorBoard event files of the per-step scalars (loss, LR, step time) and evaluations, one subfolder per
-    # framework; written between steps, outside their timed part
-    tensorboard_dir: str | None = None
-    # initial weights (torch-keyed .npz) shared by both frameworks for paired runs
-    init_weights: str | None = None
-    save_weights: str | None = None  # final weights (torch-keyed .npz, BN statistics included), e.g. for inference
-    # test hooks: exit abruptly after this optimizer step (simulates a killed process); inject an inf
-    fail_after_step: int | None = None
-    inject_inf_at_step: int | None = None
+    workers: int = knob(0, "loader worker processes (DataLoader / grain)", "loader", bounds=AT_LEAST_0,
+                        flags=("-j", "--workers"))
+    prefetch: int = knob(2, "batches buffered per worker", "loader", bounds=POSITIVE)
+    pin_mem: bool = knob(False, "pinned host memory", "loader", frameworks=TORCH_ONLY)
+    persistent_workers: bool = knob(False, "keep workers between epochs", "loader")
+    device_prefetch: int = knob(0, "batches already transferred to the device", "loader", bounds=AT_LEAST_0,
+                                frameworks=JAX_ONLY)
+    drop_last: bool = knob(False, "drop the short last training batch (one shape: no recompilation)", "loader")
+    read_latency_ms: float = knob(0.0, "simulated slow storage: ms of waiting per training batch read", "loader",
+                                  bounds=AT_LEAST_0)
+    # parallel. Data parallel: ``devices`` replicas of ``batch_size`` each; torch runs one DDP process per device
+    # under torchrun, JAX one process over that many local devices (by ``jax_parallel``), or ``processes`` joined by
+    # jax.distributed. Pipeline parallel: the ResNet cut before stage PIPELINE_SPLIT_STAGE into two stages on two
+    # devices (torch.distributed.pipelining; JAX: shard_map + ppermute), GPipe over micro-batches.
+    devices: int = knob(1, "data-parallel replicas (batch_size each)", "parallel", bounds=POSITIVE)
+    processes: int = knob(1, "processes the devices are spread over (jax.distributed; torch runs a process per "
+                          "device)", "parallel", bounds=POSITIVE, frameworks=JAX_ONLY)
+    jax_parallel: str = knob("sharding", "data-parallel engine", "parallel", choices=JAX_PARALLEL, frameworks=JAX_ONLY)
+    sync_bn: bool = knob(False, "BatchNorm statistics over the global batch", "parallel")
+    pipeline_stages: int = knob(1, "pipeline-parallel stages (1 or 2)", "parallel", bounds=Bounds(1, 2, said="1 or 2"))
+    pipeline_micro_batches: int = knob(4, "GPipe micro-batches per step", "parallel", bounds=POSITIVE)
+    # checkpointing: activation checkpointing is called remat here, so that "checkpoint" means only the saved
+    # training state (its flag keeps timm's name, --grad-checkpointing)
+    remat: str = knob("none", "activation checkpointing: none, all, or ResNet stages like 2,3; a transformer also "
+                      "takes attention (every block's attention) or block numbers like 1,2", "checkpointing",
+                      flags=("--grad-checkpointing", "--remat"))
+    remat_policy: str = knob("nothing_saveable", "checkpoint policy name (jax.checkpoint_policies), e.g. "
+                             "dots_with_no_batch_dims_saveable: keep the projections, recompute the attention scores",
+                             "checkpointing", frameworks=JAX_ONLY)
+    checkpoint_dir: str | None = knob(None, "folder of training-state checkpoints", "checkpointing")
+    checkpoint_every: int = knob(0, "optimizer steps between checkpoints; 0: none", "checkpointing",
+                                 bounds=AT_LEAST_0)
+    resume: bool = knob(False, "continue from the latest checkpoint in checkpoint_dir", "checkpointing")
+    init_weights: str | None = knob(None, "initial weights (torch-keyed .npz) shared by both frameworks",
+                                    "checkpointing")
+    save_weights: str | None = knob(None, "write the final weights (torch-keyed .npz) here", "checkpointing")
+    # measurement
+    timing_warmup: int = knob(2, "steps left out of the steady-state statistics (the first compiles)", "measurement",
+                              bounds=AT_LEAST_0)
+    profile_steps: int = knob(0, "trace the last N steps (torch.profiler / jax.profiler)", "measurement",
+                              bounds=AT_LEAST_0)
+    profile_dir: str | None = knob(None, "folder of the profiler trace", "measurement")
+    tensorboard_dir: str | None = knob(None, "write TensorBoard scalars here (a subfolder per framework): per step "
+                                       "loss, LR, step time, data wait (fp16: loss scale); per evaluation accuracy "
+                                       "and loss", "measurement")
+    # test hooks
+    fail_after_step: int | None = knob(None, "exit abruptly after this optimizer step (a killed process)", TEST_HOOKS)
+    inject_inf_at_step: int | None = knob(None, "make this step's loss inf (the fp16 loss scaler's test)", TEST_HOOKS)
 
     def __post_init__(self) -> None:
-        _one_of("model", self.model, known_models())
-        _one_of("stem", self.stem, STEMS)
-        _one_of("norm", self.norm, NORMS)
-        _one_of("pool", self.pool, POOLS)
-        _one_of("attention", self.attention, ATTENTION_KERNELS)
-        _one_of("source", self.source, KNOWN_SOURCES + TEXT_SOURCES)
-        _one_of("batching", self.batching, BATCHINGS)
-        _one_of("compile_dynamic", self.compile_dynamic, COMPILE_DYNAMIC)
-        _one_of("precision", self.precision, PRECISIONS)
-        _one_of("compile", self.compile, COMPILE_MODES)
-        _one_of("torchcompile_mode", self.torchcompile_mode, TORCH_COMPILE_MODES)
-        _one_of("matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
-        _one_of("optimizer", self.optimizer, OPTIMIZERS)
-        _one_of("schedule", self.schedule, SCHEDULES)
-        _one_of("jax_parallel", self.jax_parallel, JAX_PARALLEL)
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "float" and not math.isfinite(value):
-                raise ConfigError(f"{f.name} must be a finite number, got {value}")
-        self._check_xla_flags()
-        if self.source == "synthetic" and self.data is not None:
-            raise ConfigError("--data is read by the CIFAR sources; source synthetic generates its images and would "
-                              "ignore it")
-        for name in ("batch_size", "devices", "processes", "grad_accum_steps", "image_size", "synthetic_size",
-                     "prefetch", "loss_scale_growth_interval"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("workers", "device_prefetch", "read_latency_ms", "warmup_steps", "eval_every", "timing_warmup",
-                     "checkpoint_every", "seed", "min_lr", "weight_decay"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be 0 or more, got {getattr(self, name)}")
-        if self.source == "synthetic" and self.batch_size * self.devices > self.synthetic_size:
-            raise ConfigError(f"batch_size {self.batch_size} x devices {self.devices} is more than the "
-                              f"{self.synthetic_size} images of the synthetic source (synthetic_size): a batch cannot "
-                              f"hold more examples than the data set")
-        if (self.steps is None) == (self.epochs is None):
-            raise ConfigError("give exactly one of steps and epochs")
-        for name in ("steps", "epochs", "eval_batches"):  # None: not given (the other of steps and epochs; all batches)
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:  # NaN fails this too
-            raise ConfigError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
-        if self.target_accuracy is not None and self.source == "synthetic":
-            raise ConfigError("target_accuracy needs real labels; the synthetic source's accuracy means nothing")
-        if self.lr <= 0:
-            raise ConfigError(f"lr must be positive, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
-        if not 0 < self.width <= 8:
-            raise ConfigError(f"width must be in (0, 8], got {self.width}")
-        if self.loss_scale_init <= 0:
-            raise ConfigError(f"loss_scale_init must be positive, got {self.loss_scale_init}")
-        if self.precision != "fp16" and self.inject_inf_at_step is not None:
-            raise ConfigError("inject_inf_at_step tests the fp16 loss scaler; it needs precision fp16")
-        if self.precision == "fp16" and self.grad_accum_steps > 1:
-            raise ConfigError("fp16 with grad_accum_steps > 1 is not supported: skipping an overflowed step would have "
-                              "to discard a whole accumulation window in optax.MultiSteps; use bf16 or k = 1")
-        if self.profile_steps < 0 or (self.profile_steps and not self.profile_dir):
-            raise ConfigError("profile_steps must be 0 or more, and needs profile_dir")
-        if self.steps is not None and self.profile_steps >= self.steps:
-            raise ConfigError(f"profile_steps ({self.profile_steps}) must leave untraced steps of the {self.steps}")
-        if self.sync_bn and self.norm != "batch":
-            raise ConfigError(f"sync_bn synchronises BatchNorm statistics; norm is '{self.norm}'")
-        if self.pipeline_stages not in (1, 2):
-            raise ConfigError(f"pipeline_stages must be 1 or 2, got {self.pipeline_stages}")
-        if self.pipeline_stages > 1:
-            self._check_pipeline()
-        if self.devices % self.processes:
-            raise ConfigError(f"devices ({self.devices}) must be a multiple of processes ({self.processes}): each "
-                              f"process "
-                              f"drives the same number of devices")
-        if self.processes > 1 and self.jax_parallel == "pmap":
-            raise ConfigError("pmap across processes is not supported here (pmap is in maintenance mode); use "
-                              "jax_parallel "
-                              "sharding or shard_map with processes > 1")
-        if self.resume and not self.checkpoint_dir:
-            raise ConfigError("resume needs checkpoint_dir")
-        if self.checkpoint_every and not self.checkpoint_dir:
-            raise ConfigError("checkpoint_every needs checkpoint_dir")
-        _ = self.remat_plan  # validates the remat text
-        self._check_text()
-
-    def _check_xla_flags(self) -> None:
-        """XLA_FLAGS of the JAX side, checked for their form now: XLA aborts the process on one it cannot parse."""
-        bad = [flag for flag in self.xla_flags.split() if not XLA_FLAG.fullmatch(flag)]
-        if bad:
-            raise ConfigError(f"xla_flags: {bad[0]!r} is not an XLA flag; give flags like --xla_name=value or "
-                              f"--xla_name, separated by spaces (e.g. --xla_cpu_use_onednn=true)")
-
-    def _check_text(self) -> None:
-        """A text model reads a text source and an image model an image source; the text knobs are validated."""
-        text_model = workload_for(self.model).family == "text"
-        if text_model != (self.source in TEXT_SOURCES):
-            wanted = "source text (--source text --data FOLDER)" if text_model else "an image source"
-            raise ConfigError(f"model '{self.model}' reads {wanted}; source is '{self.source}'")
-        if self.max_len < 2:
-            raise ConfigError(f"max_len must hold [CLS] and one byte at least, got {self.max_len}")
-        parse_buckets(self.buckets, self.max_len)  # a clear error for bad bucket text
-
-    def _check_pipeline(self) -> None:
-        """What the 2-stage pipeline does not combine with, each named (it is built on its own, GPipe only)."""
-        if not workload_for(self.model).pipeline:
-            raise ConfigError(f"pipeline_stages=2 cuts a ResNet between its stages; model '{self.model}' has no such "
-                              f"cut here (use data parallelism)")
-        m = self.pipeline_micro_batches
-        if m <= 0 or self.batch_size % m:
-            raise ConfigError(f"pipeline_micro_batches ({m}) must be positive and divide batch_size "
-                              f"({self.batch_size})")
-        clashes = {"devices > 1 (pipeline and data parallel together are not built)": self.devices > 1,
-                   "grad_accum_steps > 1 (the micro-batches are the pipeline's own)": self.grad_accum_steps > 1,
-                   "remat (grad_checkpointing)": bool(self.remat_plan),
-                   "precision fp16 (no loss scaler across stages)": self.precision == "fp16",
-                   "checkpoint_every / resume (each process holds only its stage's optimizer state)":
-                       bool(self.checkpoint_every or self.resume),
-                   "profile_steps": self.profile_steps > 0}
-        named = [name for name, clash in clashes.items() if clash]
-        if named:
-            raise ConfigError(f"pipeline_stages=2 does not combine with {', '.join(named)}")
+            _check_field(f, getattr(self, f.name))
+        for check in CROSS_CHECKS:
+            check(self)
 
     @property
     def remat_plan(self) -> Any:
         """What the model recomputes in the backward pass, in its family's terms (common/workloads.py): ResNet
         stages, or a transformer's RematPlan (blocks whole, attention only)."""
         return workload_for(self.model).remat(self)
-
-    @property
-    def remat_stages(self) -> tuple[int, ...]:
-        """The ResNet stages (1..4) whose activations are recomputed in the backward pass."""
-        text = self.remat.strip().lower()
-        if text in ("none", ""):
-            return ()
-        if text == "all":
-            return (1, 2, 3, 4)
-        try:
-            stages = tuple(sorted({int(s) for s in text.replace("stages:", "").split(",")}))
-        except ValueError:
-            raise ConfigError(f"grad_checkpointing (remat) must be none, all or stage numbers like '2,3'; "
-                              f"got '{self.remat}'") from None
-        if not stages or min(stages) < 1 or max(stages) > 4:
-            raise ConfigError(f"grad_checkpointing (remat) stages must be within 1..4, got '{self.remat}'")
-        return stages
 
     @property
     def effective_lr(self) -> float:
@@ -310,6 +274,125 @@ class RunConfig:
         return cls(**{key: _typed(key, value, types[key]) for key, value in values.items()})
 
 
+def _check_field(f: dataclasses.Field, value: Any) -> None:
+    """One field against its own declaration: one of its choices, a finite number, within its bounds."""
+    declared = knob_of(f)
+    allowed = declared.allowed
+    if allowed is not None and value not in allowed:
+        raise ConfigError(f"unknown {f.name} '{value}'; known: {', '.join(allowed)}")
+    if f.type == "float" and not math.isfinite(value):
+        raise ConfigError(f"{f.name} must be a finite number, got {value}")
+    if declared.bounds is not None and value is not None and not declared.bounds.holds(value):
+        raise ConfigError(f"{f.name} must be {declared.bounds}, got {value}")
+
+
+# --- the rules that tie fields together, in the order they are checked ----------------------------------------------
+
+
+def _steps_or_epochs(c: RunConfig) -> None:
+    if (c.steps is None) == (c.epochs is None):
+        raise ConfigError("give exactly one of steps and epochs")
+
+
+def _xla_flags_parse(c: RunConfig) -> None:
+    """XLA_FLAGS of the JAX side, checked for their form now: XLA aborts the process on one it cannot parse."""
+    bad = [flag for flag in c.xla_flags.split() if not XLA_FLAG.fullmatch(flag)]
+    if bad:
+        raise ConfigError(f"xla_flags: {bad[0]!r} is not an XLA flag; give flags like --xla_name=value or "
+                          f"--xla_name, separated by spaces (e.g. --xla_cpu_use_onednn=true)")
+
+
+def _synthetic_data(c: RunConfig) -> None:
+    """The synthetic source reads no file, fits a batch in its images, and has no accuracy to reach."""
+    if c.source != "synthetic":
+        return
+    if c.data is not None:
+        raise ConfigError("--data is read by the CIFAR sources; source synthetic generates its images and would "
+                          "ignore it")
+    if c.batch_size * c.devices > c.synthetic_size:
+        raise ConfigError(f"batch_size {c.batch_size} x devices {c.devices} is more than the {c.synthetic_size} "
+                          f"images of the synthetic source (synthetic_size): a batch cannot hold more examples than "
+                          f"the data set")
+    if c.target_accuracy is not None:
+        raise ConfigError("target_accuracy needs real labels; the synthetic source's accuracy means nothing")
+
+
+def _fp16_rules(c: RunConfig) -> None:
+    if c.precision != "fp16" and c.inject_inf_at_step is not None:
+        raise ConfigError("inject_inf_at_step tests the fp16 loss scaler; it needs precision fp16")
+    if c.precision == "fp16" and c.grad_accum_steps > 1:
+        raise ConfigError("fp16 with grad_accum_steps > 1 is not supported: skipping an overflowed step would have "
+                          "to discard a whole accumulation window in optax.MultiSteps; use bf16 or k = 1")
+
+
+def _profiler_window(c: RunConfig) -> None:
+    if c.profile_steps and not c.profile_dir:
+        raise ConfigError("profile_steps needs profile_dir")
+    if c.steps is not None and c.profile_steps >= c.steps:
+        raise ConfigError(f"profile_steps ({c.profile_steps}) must leave untraced steps of the {c.steps}")
+
+
+def _sync_bn_needs_batchnorm(c: RunConfig) -> None:
+    if c.sync_bn and c.norm != "batch":
+        raise ConfigError(f"sync_bn synchronises BatchNorm statistics; norm is '{c.norm}'")
+
+
+def _pipeline(c: RunConfig) -> None:
+    """What the 2-stage pipeline does not combine with, each named (it is built on its own, GPipe only)."""
+    if c.pipeline_stages == 1:
+        return
+    if not workload_for(c.model).pipeline:
+        raise ConfigError(f"pipeline_stages=2 cuts a ResNet between its stages; model '{c.model}' has no such cut "
+                          f"here (use data parallelism)")
+    if c.batch_size % c.pipeline_micro_batches:
+        raise ConfigError(f"pipeline_micro_batches ({c.pipeline_micro_batches}) must divide batch_size "
+                          f"({c.batch_size})")
+    clashes = {"devices > 1 (pipeline and data parallel together are not built)": c.devices > 1,
+               "grad_accum_steps > 1 (the micro-batches are the pipeline's own)": c.grad_accum_steps > 1,
+               "remat (grad_checkpointing)": bool(c.remat_plan),
+               "precision fp16 (no loss scaler across stages)": c.precision == "fp16",
+               "checkpoint_every / resume (each process holds only its stage's optimizer state)":
+                   bool(c.checkpoint_every or c.resume),
+               "profile_steps": c.profile_steps > 0}
+    named = [name for name, clash in clashes.items() if clash]
+    if named:
+        raise ConfigError(f"pipeline_stages=2 does not combine with {', '.join(named)}")
+
+
+def _processes(c: RunConfig) -> None:
+    if c.devices % c.processes:
+        raise ConfigError(f"devices ({c.devices}) must be a multiple of processes ({c.processes}): each process "
+                          f"drives the same number of devices")
+    if c.processes > 1 and c.jax_parallel == "pmap":
+        raise ConfigError("pmap across processes is not supported here (pmap is in maintenance mode); use "
+                          "jax_parallel sharding or shard_map with processes > 1")
+
+
+def _checkpoints_need_a_folder(c: RunConfig) -> None:
+    if c.resume and not c.checkpoint_dir:
+        raise ConfigError("resume needs checkpoint_dir")
+    if c.checkpoint_every and not c.checkpoint_dir:
+        raise ConfigError("checkpoint_every needs checkpoint_dir")
+
+
+def _remat_parses(c: RunConfig) -> None:
+    _ = c.remat_plan  # the family's parser names what it cannot read
+
+
+def _text_reads_text(c: RunConfig) -> None:
+    """A text model reads a text source and an image model an image source; the bucket text parses."""
+    text_model = workload_for(c.model).family == "text"
+    if text_model != (c.source in TEXT_SOURCES):
+        wanted = "source text (--source text --data FOLDER)" if text_model else "an image source"
+        raise ConfigError(f"model '{c.model}' reads {wanted}; source is '{c.source}'")
+    parse_buckets(c.buckets, c.max_len)
+
+
+CROSS_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
+    _steps_or_epochs, _xla_flags_parse, _synthetic_data, _fp16_rules, _profiler_window, _sync_bn_needs_batchnorm,
+    _pipeline, _processes, _checkpoints_need_a_folder, _remat_parses, _text_reads_text)
+
+
 # annotation -> (test, what it asks for); bool is not an int here, an int is a fine float
 _KINDS: dict[str, tuple[Any, str]] = {
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
@@ -330,8 +413,3 @@ def _typed(key: str, value: Any, annotation: str) -> Any:
             return float(value) if kind == "float" else value
     wanted = " or ".join(_KINDS[kind][1] for kind in kinds)
     raise ConfigError(f"config key {key} must be {wanted}, got {value!r} ({type(value).__name__})")
-
-
-def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"unknown {name} '{value}'; known: {', '.join(allowed)}")

@@ -11,12 +11,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from common.arch import FAMILY, resnet
+from common.arch import FAMILY, parse_remat_stages, resnet
 from common.arch_text import TEXT_FAMILY, text
 from common.arch_vit import VIT_FAMILY, parse_remat, vit
 from common.errors import ConfigError
 
-if TYPE_CHECKING:  # config imports this module for its model names
+if TYPE_CHECKING:  # config imports this module for its model names (annotations only here)
     from common.config import RunConfig
     from common.data import Source
     from common.data.loader_options import LoaderOptions
@@ -93,7 +93,7 @@ VIT_NO_INFERENCE = {"folded": "BatchNorm folding: a ViT has no BatchNorm (its La
                               "own statistics, at inference as in training), so there is nothing to fold"}
 LOSS = "softmax cross-entropy (label smoothing optional)"
 WORKLOADS: dict[str, Workload] = {
-    "resnet": Workload("resnet", tuple(FAMILY), LOSS, _resnet, remat=lambda config: config.remat_stages,
+    "resnet": Workload("resnet", tuple(FAMILY), LOSS, _resnet, remat=lambda config: parse_remat_stages(config.remat),
                        remat_choices=lambda config: ("none", "3,4", "all"), pipeline=True, attention=False,
                        summary=_resnet_summary),
     "vit": Workload("vit", tuple(VIT_FAMILY), LOSS, _vit,

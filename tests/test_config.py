@@ -22,7 +22,7 @@ def test_timm_style_flags():
                      "--torchcompile-mode", "max-autotune", "--grad-checkpointing", "2,3", "-b", "64", "--steps", "7"])
     assert (config.precision, config.workers, config.grad_accum_steps, config.pin_mem) == ("bf16", 4, 2, True)
     assert config.channels_last and config.torchcompile_mode == "max-autotune"
-    assert config.remat_stages == (2, 3) and config.batch_size == 64
+    assert config.remat_plan == (2, 3) and config.batch_size == 64  # a ResNet's stages
     assert config.steps == 7 and config.epochs is None
 
 
@@ -62,13 +62,15 @@ def test_unknown_keys_and_bad_files(tmp_path):
         load_toml(bad)
 
 
-def test_every_field_has_one_flag_group_and_the_test_hooks_are_hidden():
+def test_every_field_declares_its_help_group_and_frameworks_and_the_test_hooks_are_hidden():
     from dataclasses import fields
 
-    from experiments.cli import GROUPS, HIDDEN
+    from common.config import FRAMEWORKS, GROUPS, TEST_HOOKS, knob_of
 
-    grouped = [name for members in GROUPS.values() for name in members] + list(HIDDEN)
-    assert sorted(grouped) == sorted(f.name for f in fields(RunConfig))  # each exactly once
+    for f in fields(RunConfig):
+        declared = knob_of(f)
+        assert declared.help and declared.group in (*GROUPS, TEST_HOOKS), f.name
+        assert declared.frameworks and set(declared.frameworks) <= set(FRAMEWORKS), f.name
     parser = argparse.ArgumentParser()
     add_config_arguments(parser)
     text = parser.format_help()
@@ -81,4 +83,4 @@ def test_toml_with_steps_only_and_an_old_field_name(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('steps = 3\n[techniques]\ngrad_checkpointing = "3,4"\n')
     config = load_toml(path)
-    assert (config.steps, config.epochs, config.remat_stages) == (3, None, (3, 4))
+    assert (config.steps, config.epochs, config.remat_plan) == (3, None, (3, 4))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.config import RunConfig
 from common.data import EpochSampler, load_source
 from common.data.augment import channel_stats, train_transform
-from common.data.loader_options import LoaderOptions
+from common.workloads import loader_options
 
 
 def _torch_batches(source, options, epoch):
@@ -26,7 +27,7 @@ def _jax_batches(source, options, epoch):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_torch_and_jax_loaders_yield_identical_batches(cifar100_archive, workers):
     source = load_source("cifar100", "train", cifar100_archive)
-    options = LoaderOptions(batch_size=128, workers=workers, seed=11, device_prefetch=2)
+    options = loader_options(RunConfig(batch_size=128, workers=workers, seed=11, device_prefetch=2), train=True)
     torch_batches = _torch_batches(source, options, epoch=3)
     jax_batches = _jax_batches(source, options, epoch=3)
     assert len(torch_batches) == len(jax_batches) == 5  # 600 samples: 4 full batches and a short one
@@ -39,7 +40,7 @@ def test_torch_and_jax_loaders_yield_identical_batches(cifar100_archive, workers
 
 def test_epochs_differ_and_drop_last_drops_the_short_batch(cifar100_archive):
     source = load_source("cifar100", "train", cifar100_archive)
-    options = LoaderOptions(batch_size=128, seed=11, drop_last=True)
+    options = loader_options(RunConfig(batch_size=128, seed=11, drop_last=True), train=True)
     epoch0 = _jax_batches(source, options, 0)
     epoch1 = _jax_batches(source, options, 1)
     assert len(epoch0) == 4 and all(x.shape[0] == 128 for x, _ in epoch0)

@@ -362,16 +362,18 @@ def test_bucket_batches_are_cut_within_a_length_bucket_and_cover_the_epoch_once(
     """The training sampler of bucket batching: every example once an epoch (the other strategies' epochs see the
     same examples), each batch from one bucket (so it pads to that bucket only), at most one padded length a bucket,
     far less padding than batches cut across lengths, and a new order each epoch, the same for a seed."""
+    from common.config import RunConfig
     from common.data.batches import loader_sampler
-    from common.data.loader_options import LoaderOptions
+    from common.workloads import loader_options
 
     source = load_text_source(write_text_fixture(tmp_path, n_train=400, n_test=10, seed=5), "train", max_len=256)
-    options = LoaderOptions(batch_size=16, seed=3, batching="bucket", buckets="pow2", max_len=256)
+    text = RunConfig(model="text-tiny", source="text", batch_size=16, seed=3)
+    options = loader_options(text.replace(batching="bucket", buckets="pow2", max_len=256), train=True)
     sampler = loader_sampler(source, options, train=True)
     buckets = parse_buckets("pow2", source.longest)
     batches = sampler.batches(0)
     assert sorted(np.concatenate(batches).tolist()) == list(range(len(source)))
-    shuffled = loader_sampler(source, LoaderOptions(batch_size=16, seed=3, batching="pad-longest"), train=True)
+    shuffled = loader_sampler(source, loader_options(text, train=True), train=True)  # pad-longest
     assert sorted(shuffled.indices(0).tolist()) == sorted(sampler.indices(0).tolist())
     for batch in batches:  # one bucket a batch
         assert len({int(np.searchsorted(buckets, n)) for n in source.lengths[batch]}) == 1

@@ -1,42 +1,30 @@
-"""Loader knobs shared by both adapters, validated once."""
+"""What a loader reads of a run, in one object both adapters take."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.errors import DataError
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoaderOptions:
-    """What a loader may tune. ``workers`` are processes (torch DataLoader workers / grain workers);
-    ``prefetch`` is batches buffered per worker; ``pin_memory`` (torch) and ``device_prefetch`` (JAX, batches
-    already on the device) are each framework's way to overlap host-to-device copies with compute."""
+    """RunConfig's loader knobs as a loader reads them (their defaults, help and bounds are RunConfig's, and
+    ``common.workloads.loader_options`` builds this from a config: evaluation reads in the main process, without the
+    simulated latency), plus this process's place: its ``rank`` slice of a global batch of ``world_size`` slices.
+    ``workers`` are processes (torch DataLoader workers / grain workers); ``pin_memory`` (torch) and
+    ``device_prefetch`` (JAX) are each framework's way to overlap host-to-device copies with compute; ``batching``,
+    ``buckets`` and ``max_len`` pad a text source's batches (common/data/text.py)."""
 
     batch_size: int
-    workers: int = 0
-    prefetch: int = 2
-    pin_memory: bool = False
-    persistent_workers: bool = False
-    device_prefetch: int = 0
-    drop_last: bool = False
-    seed: int = 0
+    workers: int
+    prefetch: int
+    pin_memory: bool
+    persistent_workers: bool
+    device_prefetch: int
+    drop_last: bool
+    seed: int
+    read_latency_ms: float
+    batching: str
+    buckets: str
+    max_len: int
     rank: int = 0
     world_size: int = 1
-    read_latency_ms: float = 0.0  # simulated slow storage (network filesystem): a wait per batch read
-    # text sources only (common/data/text.py): how a batch of variable-length texts is padded
-    batching: str = "pad-longest"
-    buckets: str = "pow2"
-    max_len: int = 256
-
-    def __post_init__(self) -> None:
-        if self.batch_size <= 0:
-            raise DataError(f"batch size must be positive, got {self.batch_size}")
-        if self.workers < 0:
-            raise DataError(f"worker count must be 0 (load in the main process) or more, got {self.workers}")
-        if self.prefetch <= 0:
-            raise DataError(f"prefetch must be at least 1 batch per worker, got {self.prefetch}")
-        if self.read_latency_ms < 0:
-            raise DataError(f"read latency must be 0 or more ms, got {self.read_latency_ms}")
-        if self.device_prefetch < 0:
-            raise DataError(f"device prefetch must be 0 or more batches, got {self.device_prefetch}")

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from common.data.sources import KNOWN_SOURCES
+from experiments.cli import help_of
 from experiments.execution.frameworks import selected
 from experiments.execution.loader_bench import BenchOptions, bench_rows, data_path
 from experiments.execution.store import ResultStore
@@ -30,10 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     loader.add_argument("-b", "--batch-size", type=positive_int, default=128, help="images per batch")
     loader.add_argument("--batches", type=_two_or_more, default=12, help="batches per repeat; the first is not timed")
     loader.add_argument("--repeats", type=positive_int, default=3, help="repeats of each cell (the median is shown)")
-    loader.add_argument("--prefetch", type=positive_int, default=2, help="batches buffered per worker")
-    loader.add_argument("--pin-mem", action="store_true", help="torch pinned host memory")
+    loader.add_argument("--prefetch", type=positive_int, default=2, help=help_of("prefetch", default=False))
+    loader.add_argument("--pin-mem", action="store_true", help=help_of("pin_mem", default=False))
     loader.add_argument("--device-prefetch", type=nonnegative_int, default=2,
-                        help="JAX: batches already transferred to the device")
+                        help=help_of("device_prefetch", default=False))
     output = parser.add_argument_group("output")
     add_timeout_argument(output, 900.0, "each (framework, png) cell")
     output.add_argument("--out", default="results/loader-bench", help="folder of runs.jsonl")

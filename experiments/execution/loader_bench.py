@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from common.config import RunConfig
 from common.data import load_source
-from common.data.loader_options import LoaderOptions
 from common.timing import summarize
+from common.workloads import loader_options
 from experiments.catalog.defaults import default_archive
 from experiments.execution.frameworks import LOADER_PACKAGES, module
 from experiments.execution.host import host_info, package_versions
@@ -47,8 +48,9 @@ def measure_in_process(payload: dict[str, Any]) -> dict[str, Any]:
                          **payload.get("source_opts", {}))
     cells = []
     for workers in payload["workers"]:
-        options = LoaderOptions(batch_size=payload["batch_size"], workers=workers, prefetch=payload["prefetch"],
-                                pin_memory=payload["pin_memory"], device_prefetch=payload["device_prefetch"], seed=0)
+        knobs = RunConfig(batch_size=payload["batch_size"], workers=workers, prefetch=payload["prefetch"],
+                          pin_mem=payload["pin_memory"], device_prefetch=payload["device_prefetch"])
+        options = loader_options(knobs, train=True)  # the loader a run with these knobs reads
         loader = data.make_loader(source, options, train=True)
         rates, startups = [], []
         for repeat in range(payload["repeats"]):

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import math
 import shlex
-from dataclasses import dataclass, fields
+from dataclasses import Field, dataclass, fields
 
 from common.config import RunConfig
-from experiments.cli import FLAG_ALIASES
+from experiments.cli import flags_of
 from experiments.execution.host import Capabilities, emulation
 from experiments.reporting.analysis import Analysis, Recommendation
 from experiments.reporting.cells import Cell, Cells
@@ -22,10 +22,9 @@ NOT_REPRODUCED = ("init_weights", "save_weights", "tensorboard_dir", "profile_di
                   "fail_after_step", "inject_inf_at_step")
 
 
-def flag_of(name: str) -> str:
-    """The long flag of a RunConfig field (experiments/cli.py's spelling)."""
-    spellings = FLAG_ALIASES.get(name, ("--" + name.replace("_", "-"),))
-    return next(s for s in spellings if s.startswith("--"))
+def flag_of(f: Field) -> str:
+    """The long flag of a RunConfig field (its first spelling that is one)."""
+    return next(s for s in flags_of(f) if s.startswith("--"))
 
 
 def run_command(config: RunConfig, framework: str) -> str:
@@ -36,7 +35,7 @@ def run_command(config: RunConfig, framework: str) -> str:
         value = getattr(config, f.name)
         if f.name in NOT_REPRODUCED or value == getattr(default, f.name):
             continue
-        flag = flag_of(f.name)
+        flag = flag_of(f)
         if isinstance(value, bool):
             words.append(flag if value else "--no-" + flag[2:])
         else:
