@@ -181,6 +181,128 @@ def test_scalars_of_a_diverged_fp16_run_are_flushed_and_closed(config, tmp_path)
     assert {"train/lr", "train/step_ms", "train/data_wait_ms"} <= set(series) and "eval/accuracy" not in series
 
 
+class _Traced(_Scripted):
+    """A scripted backend that writes down what the loop asks of it, in order: each epoch's iterator as it is made
+    and as it ends, steps, checkpoints, evaluations, the profiler's window; ``start`` is the step build resumes at,
+    and ``scales`` the fp16 loss scale after each step (a fall: that step was skipped)."""
+
+    def __init__(self, start: int = 0, scales: Callable[[int], float] = lambda step: 1.0) -> None:
+        super().__init__(_linear)
+        self.resume_at, self.scales, self.events = start, scales, []
+
+    def loaders(self, train_source, eval_source):
+        events = self.events
+
+        class Loader(_Loader):
+            def epoch(self, epoch: int, start_batch: int = 0):
+                events.append(("epoch", epoch, start_batch))
+
+                def batches():
+                    try:
+                        yield from _Loader.epoch(self, epoch, start_batch)
+                    finally:
+                        events.append(("closed", epoch))
+
+                return batches()
+
+        return Loader(STEPS_PER_EPOCH), _Loader(1)
+
+    def build(self, arch, total_steps: int):
+        self.steps = self.resume_at
+        return self.resume_at, []
+
+    def step(self, group, inject_inf: bool) -> float:
+        self.events.append(("step", self.steps, len(group)))
+        return super().step(group, inject_inf)
+
+    def loss_scale(self) -> float:
+        return self.scales(self.steps)
+
+    def save(self, folder: str, step: int) -> None:
+        self.events.append(("save", step))
+
+    def evaluate(self, loader, step: int) -> Evaluation:
+        self.events.append(("evaluate", step))
+        return super().evaluate(loader, step)
+
+    def profiler(self, folder: str):
+        events = self.events
+
+        class Profiler:
+            def start(self) -> None:
+                events.append(("profiler", "start"))
+
+            def step(self) -> None:
+                events.append(("profiler", "step"))
+
+            def stop(self) -> dict:
+                events.append(("profiler", "stop"))
+                return {"trace": folder}
+
+        return Profiler()
+
+    def finish(self, clean: bool) -> None:
+        self.events.append(("finish", clean))
+
+
+def test_a_resumed_run_crosses_epochs_at_its_offset_with_its_cadences_and_profiler_window(config, tmp_path):
+    """Resumed at step 3 of 8, 2 micro-batches a step (2 steps an epoch): the first epoch read starts at batch 2;
+    checkpoints every 2 steps, evaluations every 3, the last 2 steps traced (the window opens before the data wait
+    of step 6, so before its epoch's iterator is made) and left out of the timing; the last epoch's iterator lives
+    until the run's result is made."""
+    backend = _Traced(start=3)
+    result = fit(config.replace(steps=8, epochs=None, grad_accum_steps=2, eval_every=3, checkpoint_every=2,
+                                checkpoint_dir=str(tmp_path), profile_steps=2, profile_dir=str(tmp_path)), backend)
+    assert backend.events == [
+        ("epoch", 1, 2), ("step", 3, 2), ("save", 4), ("closed", 1),
+        ("epoch", 2, 0), ("step", 4, 2), ("step", 5, 2), ("save", 6), ("evaluate", 6),
+        ("profiler", "start"), ("closed", 2),
+        ("epoch", 3, 0), ("step", 6, 2), ("profiler", "step"), ("step", 7, 2), ("profiler", "step"), ("save", 8),
+        ("profiler", "stop"), ("evaluate", 8), ("closed", 3), ("finish", True)]
+    assert (result.status, result.start_step, result.steps_done, len(result.losses)) == ("ok", 3, 8, 5)
+    assert result.timing.timed_steps == 3 - config.timing_warmup and result.profile == {"trace": str(tmp_path)}
+    assert "resumed from step 3" in result.notes
+
+
+def test_a_run_resumed_at_its_last_step_reads_no_batch_and_evaluates_once(config):
+    backend = _Traced(start=12)
+    result = fit(config, backend)  # 3 epochs of 4 steps
+    assert backend.events == [("evaluate", 12), ("finish", True)]
+    assert (result.steps_done, result.losses, [e.step for e in result.evals]) == (12, [], [12])
+
+
+def test_an_fp16_step_skipped_on_overflow_leaves_the_lr_where_it_was(config, tmp_path):
+    """The scale falls after steps 2 and 5 (skipped): 12 steps are 10 updates, and each step's LR scalar is the
+    schedule's at the updates before it."""
+    backend = _Traced(scales=lambda step: 2.0 ** -sum(step >= s for s in (2, 5)))
+    result = fit(config.replace(precision="fp16", tensorboard_dir=str(tmp_path)), backend)
+    assert result.loss_scales == [1.0, 0.5, 0.5, 0.5, 0.25] + [0.25] * 7
+    assert result.final_lr == pytest.approx(float(learning_rate(10, config, 12, np)))
+    written = [s.value for s in _scalars(tmp_path / "scripted")["train/lr"]]
+    updates = [0, 1, 1, 2, 3, 3] + list(range(4, 10))  # before each step
+    assert written == pytest.approx([float(learning_rate(u, config, 12, np)) for u in updates])
+
+
+def test_the_kill_hook_exits_after_its_step_and_its_checkpoint(config, tmp_path, monkeypatch):
+    """fail_after_step dies like a killed process (os._exit, here an exception) once its step's checkpoint is
+    written."""
+
+    class Killed(Exception):
+        pass
+
+    def exit_(status: int) -> None:
+        raise Killed(status)
+
+    import common.loop
+
+    monkeypatch.setattr(common.loop.os, "_exit", exit_)
+    backend = _Traced()
+    with pytest.raises(Killed, match="9"):
+        fit(config.replace(fail_after_step=6, checkpoint_every=3, checkpoint_dir=str(tmp_path)), backend)
+    assert [e for e in backend.events if e[0] in ("step", "save", "evaluate", "finish")] == [
+        ("step", 0, 1), ("step", 1, 1), ("step", 2, 1), ("save", 3), ("step", 3, 1), ("step", 4, 1), ("step", 5, 1),
+        ("save", 6), ("finish", False)]
+
 def test_no_folder_imports_nothing_and_tensorboardx_leaves_torch_unloaded(tmp_path):
     """A JAX process writes scalars without loading torch (tensorboardX's writer.py tries to import it)."""
     code = ("import sys\nfrom common.scalars import Scalars\n"
