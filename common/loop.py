@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -165,6 +165,7 @@ def fit(config: RunConfig, backend: Backend) -> RunResult:
 
 
 def _train(config: RunConfig, backend: Backend, place: Place, scalars: Scalars) -> RunResult:
+    # setup: data, model, where the run starts
     if config.target_accuracy is not None and place.processes > 1 and not place.spmd:
         raise ConfigError(f"target_accuracy over {place.processes} {backend.name} processes is not built: only rank "
                           f"0 evaluates, and the loop has no way to tell the other ranks to stop with it")
@@ -178,82 +179,139 @@ def _train(config: RunConfig, backend: Backend, place: Place, scalars: Scalars) 
     total_steps = config.steps or config.epochs * steps_per_epoch  # type: ignore[operator]
     start, build_notes = backend.build(arch, total_steps)
     notes = [*place.notes, *build_notes] + ([f"resumed from step {start}"] if start else [])
+    run = _Run(steps_done=start, updates=start, timer=StepTimer(config.timing_warmup), scale=backend.loss_scale())
+    window = _ProfilerWindow(backend, config, total_steps)
+    batches = _step_batches(train_loader, k, start, steps_per_epoch, window.open_if_due)
 
-    timer = StepTimer(config.timing_warmup)
-    progress = Progress()
-    losses: list[float] = []
-    loss_scales: list[float] = []
-    evals: list[Evaluation] = []
-    status, step, reached = "ok", start, False
-    updates = start  # optimizer updates: an fp16 step skipped on overflow is none, and leaves the LR where it is
-    first: Sequence[Batch] | None = None
-    profiler: Profiler | None = None
-    scale = backend.loss_scale()
-    clock = time.perf_counter
-    while step < total_steps and status == "ok" and not reached:
-        epoch, offset = divmod(step, steps_per_epoch)
-        batches = grouped(train_loader.epoch(epoch, start_batch=offset * k), k)
-        while step < total_steps:
-            if config.profile_steps and profiler is None and step >= total_steps - config.profile_steps:
-                profiler = backend.profiler(config.profile_dir)  # type: ignore[arg-type]
-                profiler.start()
-            t0 = clock()
-            group = next(batches, None)
-            if group is None:
-                break
-            group = backend.to_device(group)
-            t1 = clock()
-            value = backend.step(group, inject_inf=config.inject_inf_at_step == step)
-            t2 = clock()
-            if profiler is None:  # traced steps are slower: kept out of the steady-state statistics
-                timer.record(t1 - t0, t2 - t1, sum(len(labels) for _, labels in group) * place.readers)
-            else:
-                profiler.step()
-            progress.stepped(t0, t2)
-            first = group if first is None else first
-            used = updates  # the step ran at the LR of the updates before it
-            previous, scale = scale, backend.loss_scale()
-            updates += 0 if scale < previous else 1  # a lowered scale means the step was skipped
-            losses.append(value)
-            loss_scales.append(scale)
-            step += 1
-            if scalars.enabled:
-                lr = float(learning_rate(used, config, total_steps, np))
-                scalars.write(step, progress.wall(t2), _step_scalars(config, value, lr, t1 - t0, t2 - t0, scale))
-            if is_diverged(value, losses[0]):
-                status = "diverged"
-                break
-            if config.checkpoint_every and step % config.checkpoint_every == 0 and place.takes_part:
-                backend.save(config.checkpoint_dir, step)  # type: ignore[arg-type]
-            if config.fail_after_step == step:
-                os._exit(9)  # test hook: die like a killed process, no clean-up
-            if _evaluates_after(config, step, total_steps, steps_per_epoch):
-                done = _evaluate(backend, place, eval_loader, step, progress, scalars)
-                evals += done
-                reached = _reaches(config, done)
-                if reached:
-                    break
+    # the steps, and the run's three exits: the steps are done (the loop's condition), the loss diverged, the
+    # target accuracy is reached
+    while run.steps_done < total_steps:
+        began, group = next(batches)
+        loss = _step(config, backend, place, scalars, run, window, began, group, total_steps)
+        if is_diverged(loss, run.losses[0]):
+            run.status = "diverged"
+            break
+        _after_step(config, backend, place, run.steps_done)
+        if (_evaluates_after(config, run.steps_done, total_steps, steps_per_epoch)
+                and _reaches(config, _evaluate(backend, place, eval_loader, run, scalars))):
+            break
 
-    profile = profiler.stop() if profiler is not None else None
-    ok = status == "ok"
-    if ok and progress.evaluated_at != step:  # not when the run stopped at an evaluation
-        evals += _evaluate(backend, place, eval_loader, step, progress, scalars)
+    # the result
+    profile = window.close()
+    ok = run.status == "ok"
+    if ok and run.progress.evaluated_at != run.steps_done:  # not when the run stopped at an evaluation
+        _evaluate(backend, place, eval_loader, run, scalars)
     if ok and config.target_accuracy is not None and place.is_main:
-        notes.append(_target_note(config.target_accuracy, evals, total_steps))
-    memory = backend.memory(first) if first is not None and ok and place.takes_part else Memory()
+        notes.append(_target_note(config.target_accuracy, run.evals, total_steps))
+    memory = backend.memory(run.first) if run.first is not None and ok and place.takes_part else Memory()
     if config.save_weights and ok and place.is_main:
         backend.save_weights(config.save_weights)
     compiled = backend.compilation() if config.compile == "compiled" else Compilation()
     graphs = compiled.graphs
     return RunResult(
-        framework=backend.name, status=status, steps_done=step, start_step=start, losses=losses,
-        loss_scales=loss_scales, timing=timer.summary(), memory=memory, evals=evals,
-        step_elapsed_s=progress.step_elapsed_s, evaluation_s=progress.evaluation_s,
-        final_lr=float(learning_rate(updates, config, total_steps, np)), recompiles=max(graphs - 1, 0),
+        framework=backend.name, status=run.status, steps_done=run.steps_done, start_step=start, losses=run.losses,
+        loss_scales=run.loss_scales, timing=run.timer.summary(), memory=memory, evals=run.evals,
+        step_elapsed_s=run.progress.step_elapsed_s, evaluation_s=run.progress.evaluation_s,
+        final_lr=float(learning_rate(run.updates, config, total_steps, np)), recompiles=max(graphs - 1, 0),
         graphs_compiled=graphs, compile_s=compiled.seconds, notes=[*notes, *compiled.notes], device=backend.device,
         framework_version=backend.version,
         num_classes=arch.num_classes, synthetic_data=train_source.synthetic, replicas=place.replicas,
         processes=place.processes, process_index=place.rank, profile=profile)
+
+
+@dataclass
+class _Run:
+    """What the steps so far have done, and what the result is made of."""
+
+    steps_done: int  # counted from the step the run started (or resumed) at
+    # optimizer updates: an fp16 step skipped on overflow is none, and leaves the LR where it is
+    updates: int
+    timer: StepTimer
+    scale: float  # the fp16 loss scale after the latest step (1.0 without one)
+    status: str = "ok"  # or diverged
+    progress: Progress = field(default_factory=Progress)
+    losses: list[float] = field(default_factory=list)
+    loss_scales: list[float] = field(default_factory=list)
+    evals: list[Evaluation] = field(default_factory=list)
+    first: Sequence[Batch] | None = None  # the first step's micro-batches, on the device (memory is measured on them)
+
+
+class _ProfilerWindow:
+    """The last ``profile_steps`` steps run traced: the profiler starts before the data wait of the first of them and
+    stops after the last step (before the final evaluation); traced steps are slower, so they stay out of the
+    steady-state statistics."""
+
+    def __init__(self, backend: Backend, config: RunConfig, total_steps: int) -> None:
+        self.backend, self.config, self.total_steps = backend, config, total_steps
+        self.profiler: Profiler | None = None
+
+    def open_if_due(self, step: int) -> None:
+        if self.config.profile_steps and self.profiler is None and step >= self.total_steps - self.config.profile_steps:
+            self.profiler = self.backend.profiler(self.config.profile_dir)  # type: ignore[arg-type]
+            self.profiler.start()
+
+    @property
+    def tracing(self) -> bool:
+        return self.profiler is not None
+
+    def close(self) -> dict[str, Any] | None:
+        return self.profiler.stop() if self.profiler is not None else None
+
+
+def _step_batches(loader: Loader, k: int, start: int, steps_per_epoch: int,
+                  before_wait: Callable[[int], None]) -> Iterator[tuple[float, Sequence[Batch]]]:
+    """Each step's ``k`` micro-batches from step ``start`` on, across epochs (a resumed run starts its epoch at the
+    micro-batch offset of its step), with the clock's reading when the step's data wait began. Endless: the loop
+    decides where the run ends, and an epoch's iterator lives until the run is over. ``before_wait(step)`` runs
+    before each wait begins; making an epoch's iterator, and finding it ended, stay out of every step's wait."""
+    step = start
+    while True:
+        epoch, offset = divmod(step, steps_per_epoch)
+        groups = grouped(loader.epoch(epoch, start_batch=offset * k), k)
+        while True:
+            before_wait(step)
+            began = time.perf_counter()
+            group = next(groups, None)
+            if group is None:
+                break  # the epoch is over: the next one starts at this step
+            yield began, group
+            step += 1
+
+
+def _step(config: RunConfig, backend: Backend, place: Place, scalars: Scalars, run: _Run, window: _ProfilerWindow,
+          began: float, group: Sequence[Batch], total_steps: int) -> float:
+    """One optimizer step, timed (data wait: from ``began`` until the micro-batches are on the device; compute: the
+    step, synchronized), counted and written down; its loss."""
+    clock = time.perf_counter
+    group = backend.to_device(group)
+    ready = clock()
+    loss = backend.step(group, inject_inf=config.inject_inf_at_step == run.steps_done)
+    ended = clock()
+    if window.tracing:
+        window.profiler.step()  # type: ignore[union-attr]
+    else:
+        run.timer.record(ready - began, ended - ready, sum(len(labels) for _, labels in group) * place.readers)
+    run.progress.stepped(began, ended)
+    run.first = group if run.first is None else run.first
+    used = run.updates  # the step ran at the LR of the updates before it
+    previous, run.scale = run.scale, backend.loss_scale()
+    run.updates += 0 if run.scale < previous else 1  # a lowered scale means the step was skipped
+    run.losses.append(loss)
+    run.loss_scales.append(run.scale)
+    run.steps_done += 1
+    if scalars.enabled:
+        lr = float(learning_rate(used, config, total_steps, np))
+        scalars.write(run.steps_done, run.progress.wall(ended),
+                      _step_scalars(config, loss, lr, ready - began, ended - began, run.scale))
+    return loss
+
+
+def _after_step(config: RunConfig, backend: Backend, place: Place, step: int) -> None:
+    """The checkpoint cadence, then the test hook that dies like a killed process."""
+    if config.checkpoint_every and step % config.checkpoint_every == 0 and place.takes_part:
+        backend.save(config.checkpoint_dir, step)  # type: ignore[arg-type]
+    if config.fail_after_step == step:
+        os._exit(9)  # test hook: die like a killed process, no clean-up
 
 
 def _evaluates_after(config: RunConfig, step: int, total_steps: int, steps_per_epoch: int) -> bool:
@@ -265,16 +323,17 @@ def _evaluates_after(config: RunConfig, step: int, total_steps: int, steps_per_e
     return bool(every or epoch_end) and step < total_steps
 
 
-def _reaches(config: RunConfig, done: list[Evaluation]) -> bool:
+def _reaches(config: RunConfig, found: Evaluation | None) -> bool:
     """Whether this evaluation ends the run. Every process decides alike: under SPMD (JAX) each one evaluates the
     same global arrays; torch over several processes is refused before the run starts."""
     target = config.target_accuracy
-    return target is not None and bool(done) and done[-1].accuracy >= target
+    return target is not None and found is not None and found.accuracy >= target
 
 
-def _evaluate(backend: Backend, place: Place, loader: Loader, step: int, progress: Progress,
-              scalars: Scalars) -> list[Evaluation]:
-    """This process's evaluation at ``step`` (none where it takes no part), stamped with its wall-clock place."""
+def _evaluate(backend: Backend, place: Place, loader: Loader, run: _Run, scalars: Scalars) -> Evaluation | None:
+    """This process's evaluation after the steps done (none where it takes no part), stamped with its wall-clock
+    place and kept with the run's."""
+    step, progress = run.steps_done, run.progress
     began = time.perf_counter()
     backend.gather()  # every process: it may be a collective (the pipeline's stages send their weights)
     found = backend.evaluate(loader, step) if place.takes_part else None
@@ -282,11 +341,12 @@ def _evaluate(backend: Backend, place: Place, loader: Loader, step: int, progres
     progress.evaluation_s += ended - began
     progress.evaluated_at = step
     if found is None:
-        return []
+        return None
     stamped = replace(found, elapsed_s=progress.elapsed(ended), train_s=progress.train_s)
     scalars.write(step, progress.wall(ended), {"eval/accuracy": stamped.accuracy, "eval/loss": stamped.loss})
     scalars.flush()  # evaluations are rare: a live TensorBoard shows each at once
-    return [stamped]
+    run.evals.append(stamped)
+    return stamped
 
 
 def _step_scalars(config: RunConfig, loss: float, lr: float, data_wait_s: float, step_s: float,
