@@ -215,7 +215,8 @@ def _train(config: RunConfig, backend: Backend, place: Place, scalars: Scalars) 
         final_lr=float(learning_rate(run.updates, config, total_steps, np)), recompiles=max(graphs - 1, 0),
         graphs_compiled=graphs, compile_s=compiled.seconds, notes=[*notes, *compiled.notes], device=backend.device,
         framework_version=backend.version,
-        num_classes=arch.num_classes, synthetic_data=train_source.synthetic, replicas=place.replicas,
+        num_classes=arch.num_classes, synthetic_data=train_source.synthetic,
+        augmentations=list(train_source.augmentations), replicas=place.replicas,
         processes=place.processes, process_index=place.rank, profile=profile)
 
 

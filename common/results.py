@@ -122,6 +122,9 @@ class RunResult:
     framework_version: str = ""
     num_classes: int = 0
     synthetic_data: bool = False
+    # the training augmentations its data source allowed (common/data/augment.py); None: a row from before they were
+    # recorded
+    augmentations: list[str] | None = None
     replicas: int = 1  # data-parallel replicas (the global batch is batch_size x replicas)
     processes: int = 1
     process_index: int = 0

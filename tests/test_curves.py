@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from experiments.cli import add_config_arguments, config_from_args
 from experiments.execution.record import RunRecord
 from experiments.reporting.accuracy import time_to_target, verdict
 from experiments.reporting.curves import plot_curves
+from experiments.reporting.tables import augmentation_text
 
 STEPS_PER_EPOCH = 4  # 64 training images in batches of 16
 
@@ -262,6 +264,7 @@ def test_a_resumed_run_crosses_epochs_at_its_offset_with_its_cadences_and_profil
     assert (result.status, result.start_step, result.steps_done, len(result.losses)) == ("ok", 3, 8, 5)
     assert result.timing.timed_steps == 3 - config.timing_warmup and result.profile == {"trace": str(tmp_path)}
     assert "resumed from step 3" in result.notes
+    assert result.augmentations == ["crop", "flip"]  # the train source's (CIFAR-10), in the row
 
 
 def test_a_run_resumed_at_its_last_step_reads_no_batch_and_evaluates_once(config):
@@ -375,6 +378,9 @@ def test_rows_round_trip_and_older_rows_read_as_not_measured():
     record = RunRecord.from_row(old)
     assert record.result.step_elapsed_s == [] and record.result.evaluation_s is NAN
     assert record.result.evals[0].elapsed_s is NAN and record.fields == {}
+    assert record.result.augmentations is None and augmentation_text([record.result]) == (
+        "not recorded (rows from before it)")
+    assert augmentation_text([result, replace(result, augmentations=["crop"])]) == "crop"  # a new row's
 
 
 @pytest.mark.parametrize("value", [0, -0.1, 1.5, math.nan])

@@ -168,3 +168,52 @@ def test_mnist5k_reads_the_installed_wheel():
         assert np.bincount(source.labels, minlength=10).tolist() == [per_digit] * 10
         assert not source.images[:, :2].any() and not source.images[:, :, -2:].any()
         assert source.images.max() == 255
+
+
+# --- augmentation belongs to the source (issue 28) ------------------------------------------------------------------
+
+
+def _left_bars(path: Path) -> Path:
+    """A file in mnist_5k.csv.gz's format (784 pixels, then the label; 10 lines a digit), every image a bar in its left
+    columns only: flipped, the bar would stand in the right half."""
+    pixels = np.zeros((28, 28), np.int64)
+    pixels[4:24, 2:6] = 255
+    with gzip.open(path, "wt") as out:
+        np.savetxt(out, [[*pixels.ravel(), line % 10] for line in range(100)], fmt="%d", delimiter=",")
+    return path
+
+
+def _right_half_lit(source, epochs: int = 4) -> list[bool]:
+    """Per augmented training sample: whether anything brighter than the background stands in its right half."""
+    from common.data.batches import BatchMaker
+
+    maker = BatchMaker(source, train=True, seed=3)
+    background = -maker.mean / maker.std
+    lit = []
+    for epoch in range(epochs):
+        images, _ = maker(epoch, np.arange(len(source)))
+        lit += [bool((image[:, 16:] > background + 1e-3).any()) for image in images]
+    return lit
+
+
+def test_mnist5k_digits_are_cropped_never_flipped_and_cifar_images_still_are(tmp_path):
+    from common.data.sources import SOURCE_AUGMENTATIONS
+
+    digits = load_source("mnist5k", "train", _left_bars(tmp_path / "mnist_5k.csv.gz"))
+    assert digits.augmentations == ("crop",)
+    assert not any(_right_half_lit(digits))  # 320 augmented digits: none flipped
+    cifar = ArraySource("cifar10", digits.images, digits.labels, 10, SOURCE_AUGMENTATIONS["cifar10"])
+    flipped = sum(_right_half_lit(cifar)) / (4 * len(cifar))
+    assert 0.35 < flipped < 0.65  # the same images as CIFAR: about half flipped
+    from common.data.batches import BatchMaker
+
+    crops = {BatchMaker(digits, train=True, seed=3).sample(epoch, 0)[0].tobytes() for epoch in range(8)}
+    assert len(crops) > 1  # a digit still shifts
+
+
+def test_an_unknown_augmentation_is_refused_by_name():
+    from common.data.batches import BatchMaker
+
+    source = ArraySource("mine", np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, np.int64), 2, ("rotate",))
+    with pytest.raises(DataError, match="source 'mine' asks for augmentation 'rotate'; known: crop, flip"):
+        BatchMaker(source, train=True)

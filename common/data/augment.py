@@ -1,4 +1,4 @@
-"""Deterministic CIFAR augmentation in numpy.
+"""Deterministic training augmentation in numpy: the ones a data source allows (``Source.augmentations``).
 
 Every random choice is a function of (seed, epoch, index) only, never of a worker's RNG state, so any
 loader, any worker count and either framework produce bit-identical samples.
@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.errors import DataError
+
 PAD = 4
+# What a source may allow, in the order they apply: a pad-4 random crop (zero padding, as torchvision's RandomCrop)
+# and a horizontal flip (CIFAR's recipe; a flipped digit is no digit)
+AUGMENTATIONS = ("crop", "flip")
 
 # Per-channel statistics of the real training sets (the usual published values), used for normalisation.
 CHANNEL_STATS: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] = {
@@ -25,6 +30,12 @@ def channel_stats(dataset: str) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(mean, np.float32), np.asarray(std, np.float32)
 
 
+def check_augmentations(names: tuple[str, ...], source: str) -> None:
+    unknown = [name for name in names if name not in AUGMENTATIONS]
+    if unknown:
+        raise DataError(f"source '{source}' asks for augmentation {unknown[0]!r}; known: {', '.join(AUGMENTATIONS)}")
+
+
 def crop_and_flip(seed: int, epoch: int, index: int) -> tuple[int, int, bool]:
     """The random choices for one sample: top, left offset into the padded image, and horizontal flip."""
     rng = np.random.default_rng((seed, epoch, index))
@@ -38,14 +49,17 @@ def normalise(image: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarra
 
 
 def train_transform(
-    image: np.ndarray, seed: int, epoch: int, index: int, mean: np.ndarray, std: np.ndarray
+    image: np.ndarray, seed: int, epoch: int, index: int, mean: np.ndarray, std: np.ndarray,
+    augmentations: tuple[str, ...],
 ) -> np.ndarray:
-    """Pad-4 random crop (zero padding, as torchvision's RandomCrop), random flip, normalise; HWC float32."""
+    """The ``augmentations`` the source allows (of AUGMENTATIONS), then normalise; HWC float32. The random choices
+    are drawn alike whichever apply, so a crop lands where it would with the flip too."""
     height, width = image.shape[:2]
     top, left, flip = crop_and_flip(seed, epoch, index)
-    padded = np.pad(image, ((PAD, PAD), (PAD, PAD), (0, 0)))
-    out = padded[top : top + height, left : left + width]
-    if flip:
+    out = image
+    if "crop" in augmentations:
+        out = np.pad(image, ((PAD, PAD), (PAD, PAD), (0, 0)))[top : top + height, left : left + width]
+    if flip and "flip" in augmentations:
         out = out[:, ::-1]
     return normalise(out, mean, std)
 

@@ -9,7 +9,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from common.data.augment import channel_stats, eval_transform, train_transform
+from common.data.augment import channel_stats, check_augmentations, eval_transform, train_transform
 from common.data.loader_options import LoaderOptions
 from common.data.sampler import EpochSampler, LengthBucketSampler
 from common.data.sources import Source
@@ -17,7 +17,8 @@ from common.data.sources import Source
 
 @dataclass
 class BatchMaker:
-    """Turns (epoch, indices) into an NHWC float32 image batch and int32 labels, identically everywhere."""
+    """Turns (epoch, indices) into an NHWC float32 image batch and int32 labels, identically everywhere; training
+    images get the augmentations their source allows."""
 
     source: Source
     train: bool
@@ -28,11 +29,14 @@ class BatchMaker:
 
     def __post_init__(self) -> None:
         self.mean, self.std = channel_stats(self.source.name.split("+")[0])
+        check_augmentations(self.source.augmentations, self.source.name)
 
     def sample(self, epoch: int, index: int) -> tuple[np.ndarray, int]:
         image, label = self.source[int(index)]
         if self.train:
-            return train_transform(image, self.seed, epoch, int(index), self.mean, self.std), label
+            augmented = train_transform(image, self.seed, epoch, int(index), self.mean, self.std,
+                                        self.source.augmentations)
+            return augmented, label
         return eval_transform(image, self.mean, self.std), label
 
     def __call__(self, epoch: int, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -21,6 +21,7 @@ class Source(Protocol):
     name: str
     num_classes: int
     synthetic: bool
+    augmentations: tuple[str, ...]  # the training augmentations that fit its data (common/data/augment.py)
 
     def __len__(self) -> int: ...
 
@@ -32,11 +33,13 @@ class ArraySource:
 
     synthetic = False
 
-    def __init__(self, name: str, images: np.ndarray, labels: np.ndarray, num_classes: int) -> None:
+    def __init__(self, name: str, images: np.ndarray, labels: np.ndarray, num_classes: int,
+                 augmentations: tuple[str, ...]) -> None:
         self.name = name
         self.images = images
         self.labels = labels
         self.num_classes = num_classes
+        self.augmentations = augmentations
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -46,7 +49,8 @@ class ArraySource:
 
 
 class SyntheticSource:
-    """Deterministic random images for timing only: ``synthetic`` tells reports never to show accuracy."""
+    """Deterministic random images for timing only: ``synthetic`` tells reports never to show accuracy. It stands in
+    for CIFAR, so its loader does CIFAR's augmentation work."""
 
     synthetic = True
 
@@ -59,6 +63,7 @@ class SyntheticSource:
         self.num_classes = num_classes
         self.image_shape = tuple(image_shape)
         self.seed = seed
+        self.augmentations = SOURCE_AUGMENTATIONS["synthetic"]
 
     def __len__(self) -> int:
         return self.size
@@ -83,6 +88,7 @@ class PngSource:
         self.name = f"{inner.name}+png"
         self.num_classes = inner.num_classes
         self.synthetic = inner.synthetic
+        self.augmentations = inner.augmentations
         encoded, labels = [], []
         for i in range(len(inner)):
             image, label = inner[i]
@@ -117,10 +123,17 @@ def _tfds_source(dataset: str, split: str, path: str | Path | None) -> ArraySour
         ) from None
     images = np.stack([np.asarray(example["image"], np.uint8) for example in data])
     labels = np.asarray([int(example["label"]) for example in data], np.int64)
-    return ArraySource(f"tfds:{dataset}", images, labels, LAYOUTS[dataset].num_classes)
+    name = f"tfds:{dataset}"
+    return ArraySource(name, images, labels, LAYOUTS[dataset].num_classes, SOURCE_AUGMENTATIONS[name])
 
 
 KNOWN_SOURCES = ("cifar100", "cifar10", "tfds:cifar100", "tfds:cifar10", "synthetic", "mnist5k")
+CIFAR_AUGMENTATIONS = ("crop", "flip")
+# The training augmentations that fit each source: a digit may shift (crop) but never flip, a flipped digit being
+# no digit; the synthetic source does CIFAR's work, as the timing stand-in for it.
+SOURCE_AUGMENTATIONS: dict[str, tuple[str, ...]] = {
+    "cifar100": CIFAR_AUGMENTATIONS, "cifar10": CIFAR_AUGMENTATIONS, "tfds:cifar100": CIFAR_AUGMENTATIONS,
+    "tfds:cifar10": CIFAR_AUGMENTATIONS, "synthetic": CIFAR_AUGMENTATIONS, "mnist5k": ("crop",)}
 
 
 def load_source(name: str, split: str = "train", path: str | Path | None = None, png: bool = False,
@@ -144,12 +157,12 @@ def load_source(name: str, split: str = "train", path: str | Path | None = None,
             raise DataError(f"source '{name}' needs a path: the official archive '{LAYOUTS[name].archive_name}' or "
                             f"its folder")
         images, labels, _ = read_cifar(path, name, split)
-        source = ArraySource(name, images, labels, LAYOUTS[name].num_classes)
+        source = ArraySource(name, images, labels, LAYOUTS[name].num_classes, SOURCE_AUGMENTATIONS[name])
     elif name in ("tfds:cifar100", "tfds:cifar10"):
         source = _tfds_source(name.split(":", 1)[1], split, path)
     elif name == "mnist5k":
         images, labels = mnist.read_mnist5k(path, split)
-        source = ArraySource(name, images, labels, mnist.NUM_CLASSES)
+        source = ArraySource(name, images, labels, mnist.NUM_CLASSES, SOURCE_AUGMENTATIONS[name])
     elif name == "synthetic":
         size = int(opts.pop("size", 50000 if split == "train" else 10000))
         seed = int(opts.pop("seed", 0)) + (0 if split == "train" else 1_000_003)

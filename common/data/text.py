@@ -272,6 +272,7 @@ class TextSource:
     """
 
     synthetic = False
+    augmentations: tuple[str, ...] = ()  # a text is read as written
 
     def __init__(self, name: str, tokens: list[np.ndarray], labels: np.ndarray, num_classes: int, max_len: int,
                  format: str = "") -> None:

@@ -19,6 +19,7 @@ from experiments.execution.preflight import check_runnable
 from experiments.execution.record import RunRecord
 from experiments.execution.store import ResultStore
 from experiments.options import add_framework_argument, add_timeout_argument, console_for_output
+from experiments.reporting.tables import augmentation_text
 
 COLUMNS = ("framework", "status", "step ms (p10..p90)", "images/s", "data wait %", "first step s", "recompiles",
            "final loss", "accuracy", "notes")
@@ -49,9 +50,9 @@ def table_row(record: RunRecord, timing_warmup: int) -> list[str]:
 
 def _title(config: RunConfig, records: list[RunRecord]) -> str:
     model = workload_for(config.model).summary(config)  # a ResNet's width multiplier; a ViT's shape and kernel
-    return (f"{model} batch={config.batch_size} precision={config.precision} "
-            f"compile={config.compile}: median step over {records[0].result.timing.timed_steps} timed steps after "
-            f"{config.timing_warmup} warm-up (synchronized)")
+    return (f"{model} batch={config.batch_size} precision={config.precision} compile={config.compile} augmentation="
+            f"{augmentation_text([r.result for r in records])}: median step over "
+            f"{records[0].result.timing.timed_steps} timed steps after {config.timing_warmup} warm-up (synchronized)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,6 +35,7 @@ from experiments.reporting.tables import (
     STEP_MODE_ACCURACY,
     ablation_table,
     across_table,
+    augmentation_text,
     fmt,
     inference_table,
     ladder_table,
@@ -100,7 +101,8 @@ def _method(records: list[RunRecord], precision_note: str) -> str:
             f"spread pooled over the framework's configurations in this job (unless Levene's test says their spreads "
             f"differ); a ratio's interval combines both cells' (experiments/reporting/stats.py). Verdicts: 'faster by "
             f"X%' / 'slower by X%' (the change in step time, with its interval) only where the interval excludes no "
-            f"change and the change is beyond the noise floor below; otherwise 'no detectable difference'. Device: "
+            f"change and the change is beyond the noise floor below; otherwise 'no detectable difference'. Training "
+            f"augmentation (what the data source allows): {augmentation_text([r.result for r in runs])}. Device: "
             f"{example.result.device}. Host:\n\n{host_lines(example.host)}\n\nBoth frameworks start from the same "
             f"transferred weights, read the same batches in the same order, and use the same optimizer formulas; "
             f"{precision_note}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from common.config import RunConfig
 from common.errors import TwinrunError
+from common.results import RunResult
 from common.workloads import arch, num_classes, workload_for
 from experiments.catalog import reference
 from experiments.catalog.rungs import BASELINE_TEXT, TECHNIQUES
@@ -26,6 +27,13 @@ FALLBACK_CLASSES = 100  # rows written before results held their class count, on
 
 def fmt(value: float, pattern: str) -> str:
     return "-" if value != value else pattern.format(value)  # NaN -> "-"
+
+
+def augmentation_text(results: list[RunResult]) -> str:
+    """The training augmentations the runs' data allowed ("crop, flip"; several, where rows differ), or that the rows
+    predate their record."""
+    recorded = sorted({", ".join(r.augmentations) or "none" for r in results if r.augmentations is not None})
+    return " / ".join(recorded) or "not recorded (rows from before it)"
 
 
 def classes_of(record: RunRecord, config: RunConfig) -> int:
