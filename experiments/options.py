@@ -38,16 +38,17 @@ def folder_name(text: str) -> str:
     return text
 
 
-def _whole(text: str, wanted: str) -> int:
+def _parsed(text: str, kind: Callable[[str], Any], wanted: str) -> Any:
+    """``kind(text)``, or argparse's error saying what was wanted."""
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {wanted}, got '{text}'") from None
 
 
 def positive_int(text: str) -> int:
     """argparse type: an integer of 1 or more."""
-    value = _whole(text, "a positive integer")
+    value = _parsed(text, int, "a positive integer")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
@@ -55,7 +56,7 @@ def positive_int(text: str) -> int:
 
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer of 0 or more."""
-    value = _whole(text, "an integer of 0 or more")
+    value = _parsed(text, int, "an integer of 0 or more")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
@@ -63,10 +64,7 @@ def nonnegative_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number above 0 (nan and inf refused)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got '{text}'") from None
+    value = _parsed(text, float, "a positive number")
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
     return value
@@ -74,10 +72,7 @@ def positive_float(text: str) -> float:
 
 def unit_fraction(text: str) -> float:
     """argparse type: a number in (0, 1], such as an accuracy."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got '{text}'") from None
+    value = _parsed(text, float, "a number in (0, 1]")
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1] (an accuracy of 0.6 is 60%), got {text}")
     return value
