@@ -124,7 +124,7 @@ class RunConfig:
                          choices=BATCHINGS)
     buckets: str = knob("pow2", "text: bucket sizes, pow2 (16, 32, 64 ... max_len) or N (multiples of N)", "data")
     # model
-    model: str = knob("resnet18", "architecture", "model", choices=known_models, flags=("--model",))
+    model: str = knob("resnet18", "architecture", "model", choices=known_models)
     stem: str = knob("cifar", "cifar: 3x3 conv; imagenet: 7x7 conv + max-pool", "model", choices=STEMS)
     width: float = knob(0.25, "channel multiplier of the ResNet (a ViT's width is its name's: vit-micro 64, vit-tiny "
                         "192, vit-s 384)", "model", bounds=Bounds(0, 8, low_open=True))
@@ -139,13 +139,12 @@ class RunConfig:
                         "model", bounds=Bounds(2, said="2 or more ([CLS] and one byte at least)"))
     # optimizer
     optimizer: str = knob("sgd", "torch.optim formulas, mirrored in optax", "optimizer", choices=OPTIMIZERS)
-    lr: float = knob(0.1, "base learning rate", "optimizer", bounds=POSITIVE, flags=("--lr",))
+    lr: float = knob(0.1, "base learning rate", "optimizer", bounds=POSITIVE)
     momentum: float = knob(0.9, "SGD momentum", "optimizer", bounds=Bounds(0, 1, high_open=True))
     weight_decay: float = knob(5e-4, "SGD: coupled; AdamW: decoupled", "optimizer", bounds=AT_LEAST_0,
                                flags=("--weight-decay", "--wd"))
     schedule: str = knob("cosine", "LR schedule after the warm-up", "optimizer", choices=SCHEDULES)
-    warmup_steps: int = knob(0, "linear LR warm-up, in optimizer steps", "optimizer", bounds=AT_LEAST_0,
-                             flags=("--warmup-steps",))
+    warmup_steps: int = knob(0, "linear LR warm-up, in optimizer steps", "optimizer", bounds=AT_LEAST_0)
     min_lr: float = knob(0.0, "the cosine schedule's floor", "optimizer", bounds=AT_LEAST_0)
     label_smoothing: float = knob(0.0, "label smoothing of the cross-entropy", "optimizer",
                                   bounds=Bounds(0, 1, high_open=True), flags=("--smoothing", "--label-smoothing"))
