@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/twinrun ladder --repeats 2
+	$(VENV)/bin/twinrun ladder --repeats 2 --precision 5 --time-budget 7m
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest

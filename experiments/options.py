@@ -70,6 +70,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def nonnegative_float(text: str) -> float:
+    """argparse type: a finite number of 0 or more."""
+    value = _parsed(text, float, "a number of 0 or more")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of 0 or more, got {text}")
+    return value
+
+
 def unit_fraction(text: str) -> float:
     """argparse type: a number in (0, 1], such as an accuracy."""
     value = _parsed(text, float, "a number in (0, 1]")
@@ -148,6 +156,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
     plan.add_argument("--devices", type=positive_int, default=None,
                       help="data-parallel replicas, batch size per replica (torch: DDP processes; JAX: devices); "
                            "default: one per process")
+    plan.add_argument("--read-latency-ms", type=nonnegative_float, default=0.0, metavar="MS",
+                      help="simulated storage latency per training batch read, in every run (a slow network "
+                           "filesystem: what loader workers hide)")
     plan.add_argument("--processes", type=positive_int, default=1,
                       help="JAX processes the devices are spread over (jax.distributed)")
     add_timeout_argument(plan, 1800.0)
@@ -176,7 +187,8 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
     return PlanOptions(preset=args.preset, model=args.model, framework=args.framework, source=args.source,
                        data=args.data, steps=args.steps,
                        repeats=args.repeats, name=args.name, results=args.results, fresh=args.fresh,
-                       devices=args.devices, processes=args.processes)
+                       devices=args.devices, processes=args.processes,
+                       read_latency_ms=args.read_latency_ms)
 
 
 def adaptive_options(args: argparse.Namespace, undecided: Callable[[list[RunRecord]], set[Configuration]],

@@ -147,26 +147,31 @@ def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransform
     return step
 
 
-def _eval_logits(model: Model) -> Callable:
-    return lambda variables, images: model.apply(variables, images, train=False)
+def _eval_batch(config: RunConfig, model: Model) -> Callable:
+    """(variables, images, labels) -> (summed loss, correct predictions) of one evaluation batch, one program."""
+    def scores(variables: Any, images: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = model.apply(variables, images, train=False).astype(param_dtype(config))
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+        return loss, (logits.argmax(1) == labels).sum()
+
+    return scores
 
 
 def evaluate(config: RunConfig, model: Model, state: TrainState, loader) -> dict[str, float]:
     """Accuracy and mean loss over the evaluation loader's batches (at most ``eval_batches``)."""
-    # Always jitted: evaluation is not timed, and op by op it would compile every primitive again (~5 s).
-    logits_fn = jax.jit(_eval_logits(model))
+    # Always jitted, the loss and the count included: evaluation is not timed, and op by op it would compile every
+    # primitive again (~5 s)
+    batch_scores = jax.jit(_eval_batch(config, model))
     variables = {"params": state.params, "batch_stats": state.batch_stats}
     correct, seen, loss_sum = 0, 0, 0.0
     for number, (images, labels) in enumerate(loader.epoch(0)):
         if config.eval_batches is not None and number >= config.eval_batches:
             break
-        logits = logits_fn(variables, images).astype(param_dtype(config))
-        loss_sum += float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum())
-        correct += int((logits.argmax(1) == labels).sum())
+        loss, right = batch_scores(variables, images, labels)
+        loss_sum += float(loss)
+        correct += int(right)
         seen += len(labels)
     return {"accuracy": correct / seen, "loss": loss_sum / seen, "samples": seen}
-
-
 
 
 def measure_saved_bytes(config: RunConfig, model: Model, state: TrainState, images: jax.Array,

@@ -68,6 +68,7 @@ class PlanOptions:
     fresh: bool = False  # move earlier results aside (after validation, in ``execute``) and start over
     devices: int | None = None  # default: one per process
     processes: int = 1
+    read_latency_ms: float = 0.0  # simulated slow storage on every run (a planted input-bound loader)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     preset = preset_settings(options.preset, options.model)
     if options.steps is not None:
         preset["steps"] = options.steps
-    preset.update(devices=options.devices or options.processes, processes=options.processes)
+    preset.update(devices=options.devices or options.processes, processes=options.processes,
+                  read_latency_ms=options.read_latency_ms)
     data, source = options.data, options.source
     if workload_for(preset["model"]).family == "text":  # a text model reads text: --data or the generated AG News
         source, data = "text", data or str(default_text_folder())
