@@ -84,16 +84,16 @@ twinrun() {
 
 data=()  # DATA: a CIFAR-100 archive or folder; default: a generated one in the official format
 if [[ -n "${DATA:-}" ]]; then data=(--data "$DATA"); fi
-common=(--preset "$PRESET" --steps "$STEPS" --repeats 1 --results "$OUT" --timeout "$TIMEOUT" "${data[@]}")
+common=(--preset "$PRESET" --repeats 1 --results "$OUT" --timeout "$TIMEOUT" "${data[@]}")
 stamp "ladder ($PRESET, $STEPS steps a rung)"
-twinrun ladder "${common[@]}" --name ladder "$ABLATIONS"
+twinrun ladder "${common[@]}" --steps "$STEPS" --name ladder "$ABLATIONS"
 if [[ "${TIME_TO_ACCURACY:-1}" != 0 ]]; then
     stamp "time-to-accuracy ladder (${ACCURACY[*]})"
     twinrun ladder "${common[@]}" --name ladder-accuracy "${ACCURACY[@]}" "${ACCURACY_EXTRA[@]}"
 fi
 stamp "sweep checkpointing: $CHECKPOINTING"
 # shellcheck disable=SC2086  # the value lists are meant to split into words
-twinrun sweep checkpointing "${common[@]}" --name sweep-checkpointing --values $CHECKPOINTING
+twinrun sweep checkpointing "${common[@]}" --steps "$STEPS" --name sweep-checkpointing --values $CHECKPOINTING
 stamp "diagnose torch (${DIAGNOSE[*]})"
 twinrun diagnose --framework torch --out "$OUT/diagnose" "${DIAGNOSE[@]}" "${data[@]}"
 if [[ "${VIT:-1}" != 0 ]]; then

@@ -25,6 +25,9 @@ def test_scaling_sweep_reports_throughput_and_efficiency_per_replica_count(cifar
                  "--results", str(tmp_path), "--name", "scaling"])
     assert code == 0
     rows = _rows(tmp_path / "scaling", "sweep")
+    controls = [r for r in rows if r.get("control") == "aa"]  # the A/A control: the reference value once more
+    assert sorted((r["value"], r["framework"]) for r in controls) == [("1", "jax"), ("1", "torch")]
+    rows = [r for r in rows if r not in controls]
     assert sorted((r["value"], r["framework"], r["status"], r["replicas"]) for r in rows) == [
         ("1", "jax", "ok", 1), ("1", "torch", "ok", 1), ("2", "jax", "ok", 2), ("2", "torch", "ok", 2)]
     rate = {(r["value"], r["framework"]): r["timing"]["images_per_s"] for r in rows}  # global images per second
@@ -40,6 +43,7 @@ def test_scaling_sweep_reports_throughput_and_efficiency_per_replica_count(cifar
 def test_pipeline_sweep_plans_one_and_two_stages_at_the_same_batch():
     base = RunConfig(batch_size=64, steps=4, epochs=None)
     plan = sweep_plan(SWEEPS["pipeline"], ["1", "2"], base, ("torch", "jax"), repeats=1, preset="cpu")
+    plan = [p for p in plan if "control" not in p.fields]  # the A/A control repeats the reference, 1 stage
     assert sorted((p.fields["value"], p.framework, p.config.pipeline_stages, p.config.batch_size) for p in plan) == [
         ("1", "jax", 1, 64), ("1", "torch", 1, 64), ("2", "jax", 2, 64), ("2", "torch", 2, 64)]
 

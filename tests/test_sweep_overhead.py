@@ -17,13 +17,14 @@ from experiments.execution.plan import sweep_plan
 def test_sweep_plans_keep_the_effective_batch_and_say_what_jax_lacks():
     base = RunConfig(batch_size=64, steps=4, epochs=None)
     plan = sweep_plan(SWEEPS["accumulation"], ["1", "4"], base, ("torch", "jax"), repeats=2, preset="cpu")
-    assert len(plan) == 8 and len({p.key for p in plan}) == 8
+    assert len(plan) == 12 and len({p.key for p in plan}) == 12  # 2 values + the A/A control, x 2 frameworks x 2
+    assert {p.fields["value"] for p in plan if p.fields.get("control") == "aa"} == {"1"}  # the reference once more
     k4 = next(p for p in plan if p.fields["value"] == "4")
     assert (k4.config.grad_accum_steps, k4.config.batch_size) == (4, 16)  # 4 micro-batches of 16 = one 64 batch
     # native mode: torch eager, JAX jit; a compile-mode sweep sets the mode itself, and JAX has no torch modes
     assert {p.framework: p.config.compile for p in plan} == {"torch": "eager", "jax": "compiled"}
     modes = sweep_plan(SWEEPS["compile-mode"], ["eager", "default", "max-autotune"], base, ("torch", "jax"), 1, "cpu")
-    assert sorted((p.fields["value"], p.framework) for p in modes) == [
+    assert sorted((p.fields["value"], p.framework) for p in modes if "control" not in p.fields) == [
         ("default", "jax"), ("default", "torch"), ("eager", "jax"), ("eager", "torch"), ("max-autotune", "torch")]
     assert next(p for p in modes if p.fields["value"] == "max-autotune").config.torchcompile_mode == "max-autotune"
 
