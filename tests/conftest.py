@@ -23,6 +23,11 @@ if "TWINRUN_SHARED_INDUCTOR_CACHE" not in os.environ:
     os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"] = tempfile.mkdtemp(prefix="twinrun-test-inductor-cache-")
     atexit.register(shutil.rmtree, os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# Under pytest-xdist (`make test`: 2 workers on 2 cores) each worker, and every run it starts, takes one OpenMP
+# thread: two processes of 2 spinning threads each on 2 cores thrash (a time-to-accuracy ladder took 416 s beside
+# another worker, 79 s alone; tests/test_text_inference.py saw 40 s instead of 2 s). Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest
 
@@ -46,3 +51,10 @@ def text_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from experiments.catalog.fixtures import write_text_fixture
 
     return write_text_fixture(tmp_path_factory.mktemp("agnews"), fmt="agnews", n_train=320, n_test=64, seed=3)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first, the slow end-to-end runs (the longest: the tiny gpu_check.sh takes minutes) leading,
+    each group in collection order: under ``make test``'s xdist workers a worker that drew a long test at the end
+    would leave the other idle meanwhile."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("e2e") is None))

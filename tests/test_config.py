@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 import pytest
 
@@ -84,3 +85,19 @@ def test_toml_with_steps_only_and_an_old_field_name(tmp_path):
     path.write_text('steps = 3\n[techniques]\ngrad_checkpointing = "3,4"\n')
     config = load_toml(path)
     assert (config.steps, config.epochs, config.remat_plan) == (3, None, (3, 4))
+
+
+@pytest.mark.parametrize("value", [0, -0.1, 1.5, math.nan])
+def test_target_accuracy_must_be_a_fraction(value):
+    with pytest.raises(ConfigError, match="target_accuracy must be in \\(0, 1\\]"):
+        RunConfig(target_accuracy=value)
+
+
+def test_target_flags_and_synthetic_data():
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser)
+    config = config_from_args(parser.parse_args(["--to-accuracy", "0.6", "--tensorboard-dir", "tb"]))
+    assert (config.target_accuracy, config.tensorboard_dir) == (0.6, "tb")
+    assert RunConfig.from_dict({"target_accuracy": 1}).target_accuracy == 1.0
+    with pytest.raises(ConfigError, match="target_accuracy needs real labels"):
+        RunConfig(source="synthetic", target_accuracy=0.5)

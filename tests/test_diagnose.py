@@ -24,6 +24,8 @@ def _config(archive, framework: str, **changes) -> RunConfig:
                      compile="compiled" if framework == "jax" else "eager", **changes)
 
 
+@pytest.mark.serial
+@pytest.mark.e2e
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framework):
     # PNG decode in the main process (0 workers) behind 60 ms of simulated storage latency per batch,
@@ -38,6 +40,8 @@ def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framew
     assert any("NVML" in line or "GPU utilisation" in line for line in found.evidence)
 
 
+@pytest.mark.serial
+@pytest.mark.e2e
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_a_large_model_on_a_fast_loader_is_compute_bound(cifar100_archive, tmp_path, framework):
     # 5 timed steps a batch size (8 - 2 warm-up - 1 traced): the doubling ratio is a ratio of medians, so one

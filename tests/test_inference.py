@@ -40,6 +40,7 @@ def _max_relative(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 
 
+@pytest.mark.slow
 def test_torch_folding_equals_the_unfolded_model(trained):
     import torch
 
@@ -86,6 +87,7 @@ def test_the_onnx_export_equals_torch(trained, tmp_path):
     assert _max_relative(session.run(["logits"], {"images": images})[0], expected) < 1e-4
 
 
+@pytest.mark.e2e
 def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch, capsys):
     config, weights = trained
     args = ["infer", "--source", "cifar10", "--data", config.data, "--width", "0.25", "--weights", weights,

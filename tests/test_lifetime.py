@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+import pytest
 
 from experiments.execution import reaper
 
@@ -85,6 +86,7 @@ def _nothing_left(driver: subprocess.Popen, folder: Path, tmp: Path) -> None:
     assert leftovers == []
 
 
+@pytest.mark.e2e
 def test_a_sigkilled_driver_leaves_no_worker_and_no_job_folder(cifar100_archive, tmp_path):
     with _ladder_with_a_running_worker(["-m", "experiments"], cifar100_archive, tmp_path, "train") as (driver, folder):
         time.sleep(2)  # into its imports, or its first steps
@@ -93,6 +95,7 @@ def test_a_sigkilled_driver_leaves_no_worker_and_no_job_folder(cifar100_archive,
         _nothing_left(driver, folder, tmp_path)
 
 
+@pytest.mark.e2e
 def test_a_sigtermed_driver_stops_its_worker_and_removes_its_job_folder(cifar100_archive, tmp_path):
     with _ladder_with_a_running_worker(["-c", WRAPPER], cifar100_archive, tmp_path) as (driver, folder):
         os.kill(driver.pid, signal.SIGTERM)
@@ -103,6 +106,7 @@ def test_a_sigtermed_driver_stops_its_worker_and_removes_its_job_folder(cifar100
         _nothing_left(driver, folder, tmp_path)
 
 
+@pytest.mark.multiprocess
 def test_torchruns_workers_in_sessions_of_their_own_die_with_the_driver(tmp_path):
     """torchrun starts each of its workers in a session of its own: out of reach of its process group."""
     sleeper = f"import time; time.sleep(300)  # {tmp_path}"

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from experiments.__main__ import main
 
 
+@pytest.mark.e2e
 def test_loader_bench_writes_ok_rows_for_both_frameworks(cifar100_archive, tmp_path, capsys):
     out = tmp_path / "bench"
     code = main(["loader-bench", "--data", str(cifar100_archive), "--workers", "0", "--png", "yes",

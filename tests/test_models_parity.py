@@ -24,6 +24,7 @@ from torch_impl.models import make_model as make_torch
 CONFIGS = [("resnet18", "cifar", "batch"), ("resnet18", "imagenet", "batch"), ("resnet18", "cifar", "group")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,stem,norm", CONFIGS)
 def test_fp32_logits_statistics_and_gradients_match(name, stem, norm):
     """fp32 at the issue's tolerances, beyond which only this machine's own fp32 rounding may take them.
@@ -42,6 +43,7 @@ def test_fp32_logits_statistics_and_gradients_match(name, stem, norm):
         assert value <= allowed, f"{quantity}: {value:.2e} > {TOLERANCES[quantity]:.0e} + floor {floor[quantity]:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name,stem,norm,seed", [(*c, s) for c in CONFIGS for s in (1, 2)] +
                          [("resnet50", "cifar", "batch", 1), ("resnet50", "imagenet", "batch", 2)])
 def test_float64_semantics_are_identical(name, stem, norm, seed):
@@ -54,6 +56,7 @@ def test_float64_semantics_are_identical(name, stem, norm, seed):
     assert max(results.values()) < 1e-9, results
 
 
+@pytest.mark.slow
 def test_transfer_round_trips_exactly_both_ways():
     arch = resnet("resnet50", stem="imagenet", width=0.25, num_classes=10)
     torch.manual_seed(3)

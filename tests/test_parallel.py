@@ -27,19 +27,25 @@ def _base(archive: Path, folder: Path, **changes) -> RunConfig:
     return paired_config(config, folder / "weights")  # every run from the same initial weights
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
-@pytest.mark.parametrize("accumulation", [1, 2])
-def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path, accumulation):
-    """With accumulation, DDP skips the all-reduce (no_sync) on all but the last micro-batch: still equal."""
-    base = _base(cifar100_archive, tmp_path, norm="group")  # GroupNorm: per sample, so no replica statistics
-    one_loss, one = train("torch", base.replace(batch_size=16), tmp_path / "one.npz")
-    ddp_loss, ddp = train("torch", base.replace(batch_size=8 // accumulation, devices=2, grad_accum_steps=accumulation),
-                           tmp_path / "ddp.npz")
+@pytest.mark.parametrize("changes", [
+    {"norm": "group", "grad_accum_steps": 2},  # GroupNorm: per sample, so no replica statistics
+    {"model": "vit-micro"},  # no BatchNorm either
+], ids=["resnet18-group-accumulating", "vit-micro"])
+def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path, changes):
+    """Each family through the same test (the ViT's was a copy in tests/test_vit_trainers.py). With accumulation,
+    DDP skips the all-reduce (no_sync) on all but the last micro-batch: still equal to one process's 16 at once."""
+    base = _base(cifar100_archive, tmp_path, **changes)
+    accumulation = base.grad_accum_steps
+    one_loss, one = train("torch", base.replace(batch_size=16, grad_accum_steps=1), tmp_path / "one.npz")
+    ddp_loss, ddp = train("torch", base.replace(batch_size=8 // accumulation, devices=2), tmp_path / "ddp.npz")
     assert len(ddp_loss) == STEPS
     assert np.abs(one_loss - ddp_loss).max() < TOLERANCE
     assert weight_gap(one, ddp) < TOLERANCE
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_frameworks(cifar100_archive, tmp_path):
     """DDP normalises each replica's half on its own (rank 0's running statistics are kept): not the global
@@ -63,6 +69,7 @@ def jax_one_device(cifar100_archive, tmp_path_factory):
     return (base, *train("jax", base.replace(batch_size=16), folder / "one.npz"))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["sharding", "shard_map", "pmap"])
 def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp_path, mode):
     # BatchNorm over the global batch: implicit under jit + sharding, sync_bn (axis_name) under shard_map / pmap.
@@ -73,6 +80,7 @@ def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp
     assert weight_gap(one, par) < TOLERANCE
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_jax_on_two_processes_killed_and_resumed_ends_where_one_device_does(jax_one_device, tmp_path):
     """jax.distributed on localhost: 2 processes with 2 host devices each, every process loading its own half
@@ -110,6 +118,7 @@ def test_absent_devices_and_cpu_syncbatchnorm_are_named():
         RunConfig(devices=2, processes=2, jax_parallel="pmap")
 
 
+@pytest.mark.multiprocess
 def test_jax_processes_without_a_coordinator_are_named(cifar100_archive, tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_COORDINATOR_ADDRESS", "TWINRUN_PROCESS_ID")}
     proc = subprocess.run([sys.executable, "-m", "experiments", "train", "--framework", "jax", "--data",

@@ -29,9 +29,12 @@ def _train(framework: str, config: RunConfig, path: Path) -> tuple[np.ndarray, d
     return train(framework, config.replace(compile="eager") if framework == "torch" else config, path)
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("framework", ["torch", "jax"])
-def test_two_stage_pipeline_equals_the_unsplit_model(cifar100_archive, tmp_path, framework):
+def test_two_stage_jax_pipeline_equals_the_unsplit_model(cifar100_archive, tmp_path):
+    """JAX (torch's pipeline is held to the unsplit model by the BatchNorm test below: equal, at this tolerance, to
+    accumulation over the same micro-batches; a GroupNorm run of its own was the same proof twice)."""
+    framework = "jax"
     base = _base(cifar100_archive, tmp_path, norm="group")  # GroupNorm: per sample, so micro-batches change nothing
     whole_loss, whole = _train(framework, base.replace(batch_size=16), tmp_path / "whole.npz")
     piped_loss, piped = _train(framework, base.replace(**PIPELINED), tmp_path / "piped.npz")
@@ -40,6 +43,7 @@ def test_two_stage_pipeline_equals_the_unsplit_model(cifar100_archive, tmp_path,
     assert weight_gap(whole, piped) < TOLERANCE
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_pipeline_batchnorm_is_per_micro_batch_in_both_frameworks(cifar100_archive, tmp_path):
     """With BatchNorm each micro-batch is normalised on its own (running statistics included): torch's pipeline

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
-from common.results import SCHEMA, Evaluation, Memory, RunResult, Summary, Timing
+from common.results import NAN, SCHEMA, Evaluation, Memory, RunResult, Summary, Timing
 from experiments.execution.record import RunRecord
 from experiments.execution.store import ResultStore
+from experiments.reporting.tables import augmentation_text
 
 
 def _result() -> RunResult:
@@ -49,3 +51,20 @@ def test_a_failed_run_has_no_evaluation():
     failed = RunResult.failed("torch", "exit code 9")
     assert failed.eval is None and math.isnan(failed.final_loss) and not failed.ok
     assert RunResult.from_row(failed.to_row()) == failed
+
+
+def test_rows_round_trip_and_older_rows_read_as_not_measured():
+    result = RunResult(framework="jax", status="ok", steps_done=2, losses=[2.0, 1.9], step_elapsed_s=[3.0, 3.1],
+                       evals=[Evaluation(2, 0.5, 1.0, 64, elapsed_s=3.5, train_s=0.2), Evaluation(2, 0.5, 1.0, 64)],
+                       evaluation_s=0.3)
+    again = RunResult.from_row(json.loads(json.dumps(result.to_row())))
+    assert again.evals == result.evals  # the NaN read back from JSON is NAN again, so they compare equal
+    assert (again.step_elapsed_s, again.evaluation_s) == ([3.0, 3.1], 0.3)
+    old = {"key": "k", "framework": "torch", "status": "ok", "losses": [2.0],
+           "evals": [{"step": 1, "accuracy": 0.1, "loss": 2.0, "samples": 64}]}
+    record = RunRecord.from_row(old)
+    assert record.result.step_elapsed_s == [] and record.result.evaluation_s is NAN
+    assert record.result.evals[0].elapsed_s is NAN and record.fields == {}
+    assert record.result.augmentations is None and augmentation_text([record.result]) == (
+        "not recorded (rows from before it)")
+    assert augmentation_text([result, replace(result, augmentations=["crop"])]) == "crop"  # a new row's

@@ -18,6 +18,8 @@ def _rows(folder, command: str) -> list[dict]:
     return [r for r in rows if r.get("command") == command]
 
 
+@pytest.mark.e2e
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_scaling_sweep_reports_throughput_and_efficiency_per_replica_count(cifar100_archive, tmp_path):
     code = main(["sweep", "scaling", "--preset", "tiny", "--values", "1", "2", "--repeats", "1", "--data",
@@ -48,17 +50,23 @@ def test_pipeline_sweep_plans_one_and_two_stages_at_the_same_batch():
         ("1", "jax", 1, 64), ("1", "torch", 1, 64), ("2", "jax", 2, 64), ("2", "torch", 2, 64)]
 
 
-@pytest.mark.slow
-def test_ladder_over_two_replicas_names_the_jax_rungs_it_skips(cifar100_archive, tmp_path):
-    # JAX only: torch's rungs need nothing new (DDP through the same runner as the scaling sweep above), and
-    # torch.compile in 2 DDP processes on 2 cores costs a minute.
-    code = main(["ladder", "--preset", "tiny", "--devices", "2", "--repeats", "1", "--workers", "0", "--framework",
-                 "jax", "--no-ablations",
-                 "--data", str(cifar100_archive), "--results", str(tmp_path), "--name", "ladder"])
-    assert code == 0
-    rows = {(r["rung"], r["framework"]): r for r in _rows(tmp_path / "ladder", "ladder")}
-    assert len(rows) == 5
+def test_a_ladder_over_two_replicas_plans_the_jax_eager_rungs_as_skipped_and_reports_why(tmp_path):
+    """A plan, tested as a plan (JAX over 2 devices: its compile rung is the scaling sweep's value 2, run above); the
+    skipped rows are stored without a run and the report says why."""
+    from experiments.catalog.rungs import Device
+    from experiments.execution.plan import LadderOptions, Prepared, execute, ladder_plan
+    from experiments.execution.store import ResultStore
+    from experiments.options import console_for_output
+    from experiments.reporting.report import write_report
+
+    store = ResultStore(tmp_path)
+    prepared = Prepared(RunConfig(steps=3, epochs=None, devices=2, workers=0), tmp_path, store, ("jax",))
+    plan = ladder_plan(prepared, 1, "tiny", LadderOptions(Device(cuda=False, workers=0), ablations=False))
+    jobs = {job.fields["rung"]: job for job in plan if "control" not in job.fields}
+    assert set(jobs) == {"baseline", "loader", "flags", "amp", "compile"}
     for rung in ("baseline", "loader", "flags", "amp"):
-        assert rows[rung, "jax"]["status"] == "skipped" and "eager on 2 devices" in rows[rung, "jax"]["error"]
-    assert rows["compile", "jax"]["status"] == "ok" and rows["compile", "jax"]["replicas"] == 2
-    assert "skipped: JAX data parallel is jitted" in (tmp_path / "ladder" / "report.md").read_text()
+        assert "eager on 2 devices" in jobs[rung].skip_reason
+    assert jobs["compile"].skip_reason is None and jobs["compile"].config.devices == 2
+    execute([job for job in plan if job.skip_reason], store, "ladder", 120.0, console_for_output())
+    assert {row["status"] for row in store.rows() if row.get("command") == "ladder"} == {"skipped"}
+    assert "skipped: JAX data parallel is jitted" in write_report(tmp_path).path.read_text()

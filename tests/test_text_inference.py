@@ -115,6 +115,7 @@ def test_int8_stays_within_the_stated_accuracy_delta(trained, framework):
         assert "dynamic INT8 of the Linear layers" in note
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_int4_is_a_clean_row_or_a_skip_that_names_the_library(trained, framework, monkeypatch):
     from experiments.execution.inference import measure_variant
@@ -164,6 +165,7 @@ def test_jit_compiles_a_program_per_padded_length_in_the_warm_up_and_buckets_bou
     assert longest["b1_shapes"] == len(set(EvalInputs(config).real_lengths(SMALL["calls"]))) > bucket["b1_shapes"]
 
 
+@pytest.mark.e2e
 def test_infer_times_different_texts_padded_per_the_batching(trained, tmp_path, monkeypatch):
     """The command over both frameworks (torch.compile's 15 s of inductor compilation is left to the trainer tests
     and the jit test above: the shape counting is the same code)."""

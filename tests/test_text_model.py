@@ -96,6 +96,7 @@ def paired(pool: str, kernel: str, float64: bool) -> tuple[Quantities, Quantitie
     return torch_side, flax_side
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("pool", POOLS)
 def test_torch_and_jax_agree_on_a_padded_batch(pool, kernel):

@@ -43,6 +43,7 @@ def _lengths(config: RunConfig, steps: int) -> list[int]:
     return list(stats.lengths_seen)
 
 
+@pytest.mark.slow
 def test_paired_fp64_trajectory_on_padded_batches_of_varying_length(base):
     """Both frameworks from the same weights over the same padded batches (pad-longest: every batch its own length):
     every loss within 1e-9 in fp64, and the same final accuracy."""
@@ -56,6 +57,7 @@ def test_paired_fp64_trajectory_on_padded_batches_of_varying_length(base):
     assert torch_run.eval.accuracy == jax_run.eval.accuracy  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 def test_jit_compiles_one_program_per_padded_length_and_buckets_bound_them(base):
     """jax.jit: pad-longest compiles one program per distinct batch length; bucketing (with drop_last: a bucket's
     short last batch would be one more shape) at most one per bucket."""
@@ -70,6 +72,7 @@ def test_jit_compiles_one_program_per_padded_length_and_buckets_bound_them(base)
     assert run.graphs_compiled <= len(parse_buckets("pow2", source.longest))
 
 
+@pytest.mark.slow
 def test_torch_compile_static_recompiles_per_length_up_to_its_limit_then_runs_eager(base):
     """dynamic=False: a graph for every new length until dynamo's recompile limit, then the frame runs eagerly and
     the run says so; mark_dynamic: one shape-generic graph from the start."""

@@ -62,6 +62,7 @@ def paired(pool: str, kernel: str, float64: bool) -> tuple[Quantities, Quantitie
     return forward_backward(micro(pool), batch_size=4, image_size=32, seed=1, float64=float64, attention=kernel)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("pool", POOLS)
 def test_fp32_logits_and_gradients_match(pool, kernel):

@@ -52,6 +52,7 @@ def _relative_gaps(a, b) -> np.ndarray:
     return np.abs(a - b) / np.abs(b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("changes", [
     {"optimizer": "adamw", "lr": 3e-3},  # ViTs train with AdamW; fused attention, class-token pooling
     {"attention": "naive", "pool": "mean"},  # the default SGD; written-out attention, mean pooling
@@ -75,6 +76,7 @@ def test_paired_trajectory_fp64_same_steps_same_accuracy(base, tmp_path, changes
         assert any("attention: naive" in note for note in t.notes) and any("attention: naive" in n for n in j.notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_accumulating_2_micro_batches_of_8_equals_one_batch_of_16(base, framework, tmp_path):
     """No BatchNorm in a ViT: every sample is normalised on its own, so the accumulated step is the big batch's
@@ -90,6 +92,7 @@ def test_accumulating_2_micro_batches_of_8_equals_one_batch_of_16(base, framewor
     assert weight_gap(dict(np.load(tmp_path / "big.npz")), dict(np.load(tmp_path / "accumulated.npz"))) < EXACT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_remat_of_attention_or_blocks_keeps_fp64_losses_and_lowers_saved_memory(base, framework):
     """Recomputing is the same function: fp64 losses unchanged. Saved bytes: torch's saved-tensor hooks, JAX's
@@ -105,6 +108,7 @@ def test_remat_of_attention_or_blocks_keeps_fp64_losses_and_lowers_saved_memory(
     assert saved["all"] < saved["attention"] < 0.9 * saved["none"], saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
 def test_compiled_equals_eager(base, framework):
     """torch.compile and jax.jit against op-by-op execution, fp32, the first 2 steps (JAX op by op is slow)."""
@@ -131,6 +135,7 @@ def fp32_reference(base):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("framework", "precision"), [("torch", "bf16"), ("jax", "bf16"), ("jax", "fp16")])
 def test_mixed_precision_follows_fp32(base, fp32_reference, framework, precision):
     """Stated tolerance: every one of the 10 losses within 5% of the fp32 run's (seen here: <0.6%). fp16 in JAX
@@ -160,17 +165,10 @@ def one_process(base, tmp_path_factory):
     return get
 
 
-def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(one_process, tmp_path):
-    """2 gloo processes under torchrun, 8 images each (DDP with accumulation: the ResNet's, tests/test_parallel.py)."""
-    config, one_loss, one = one_process("torch")
-    ddp_loss, ddp = train("torch", config.replace(batch_size=8, devices=2), tmp_path / "ddp.npz")
-    assert len(ddp_loss) == len(one_loss) == 10
-    assert np.abs(ddp_loss - one_loss).max() < EXACT
-    assert weight_gap(one, ddp) < EXACT
-
-
+@pytest.mark.multiprocess
 def test_jax_sharding_on_two_host_devices_equals_one_device(one_process, tmp_path):
-    """jit + NamedSharding over 2 XLA host devices (its own process, XLA_FLAGS asking for them), 8 images each.
+    """jit + NamedSharding over 2 XLA host devices (its own process, XLA_FLAGS asking for them), 8 images each
+    (torch DDP of a ViT: tests/test_parallel.py, parametrized over the families).
     shard_map and pmap are the ResNet's, tests/test_parallel.py (they agree for the ViT too: 2e-16 when tried)."""
     config, one_loss, one = one_process("jax")
     par_loss, par = train("jax", config.replace(batch_size=8, devices=2, compile="compiled", jax_parallel="sharding"),

@@ -196,7 +196,7 @@ def write_cifar_archive(
         }))
         files.append(("batches.meta", {"label_names": class_names, "num_cases_per_batch": 10000, "num_vis": 3072}))
 
-    tmp = archive.with_name(archive.name + ".tmp")
+    tmp = archive.with_name(f"{archive.name}.{os.getpid()}.tmp")  # one per process: two may write the same archive
     with tarfile.open(tmp, "w:gz") as tar:
         folder = tarfile.TarInfo(layout.folder)
         folder.type = tarfile.DIRTYPE
