@@ -57,7 +57,7 @@ else
               --framework "${ACCURACY_FRAMEWORK:-torch}")
     ABLATIONS=--no-ablations
     # CI's CPU: one run per ViT sweep (torch, 2 steps of vit-micro), so that the ViT step costs the test ~15 s;
-    # tests/test_vit_driver.py runs the ViT ladder and sweeps in both frameworks
+    # tests/test_vit_driver.py plans the ViT ladder and sweeps in both frameworks and runs its infer and overhead
     VIT_MODEL=${VIT_MODEL:-vit-micro}; VIT_STEPS=${VIT_STEPS:-2}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-torch}
     VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-attention}; VIT_ATTENTION=${VIT_ATTENTION:-naive}
     # CI's CPU: the shapes sweep's two JAX runs (a torch.compile of the encoder costs ~15-30 s a graph here;

@@ -102,10 +102,11 @@ def _host(fn: Callable[[jax.Array], jax.Array]) -> Predict:
 
 
 def compile_counts(predict: Predict) -> dict[str, int]:
-    """Programs the variant's jitted function holds (one per input shape seen), for the caller to difference
-    around a warm-up; nothing for a variant that is not jitted (op by op)."""
+    """The fields torch's compile_counts reports, for the caller to difference around a warm-up: "graphs", the
+    programs the variant's jitted function holds (one per input shape seen; 0 for the un-jitted call), and
+    "recompile-limit hits" (jax.jit has no recompile limit: always 0)."""
     size = getattr(getattr(predict, "jitted", None), "_cache_size", None)
-    return {"programs": int(size())} if callable(size) else {}
+    return {"graphs": int(size()) if callable(size) else 0, "recompile-limit hits": 0}
 
 
 def _example(config: RunConfig, arch: Any) -> jax.Array:
@@ -170,11 +171,9 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
         return model.apply(variables, images, train=False)
 
     if name == "eager":
-        def op_by_op(images: jax.Array) -> jax.Array:
-            with jax.disable_jit():
-                return forward(images)
-
-        return _host(op_by_op), f"op by op (jax.disable_jit) fp32 on {device}"
+        # The un-jitted call, as in training's eager step (jax_impl/train.py) and as a JAX user meets it: each
+        # operation dispatched on its own, JAX's and Flax's own jitted helpers kept whole (not jax.disable_jit)
+        return _host(forward), f"un-jitted call (op by op) fp32 on {device}"
     if name == "compiled":
         per_shape = ": one program per padded length" if arch.family == "text" else ""
         return _host(jax.jit(forward)), f"jax.jit fp32 on {device}{per_shape}"

@@ -54,7 +54,14 @@ def text_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow tests first, the slow end-to-end runs (the longest: the tiny gpu_check.sh takes minutes) leading,
-    each group in collection order: under ``make test``'s xdist workers a worker that drew a long test at the end
-    would leave the other idle meanwhile."""
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.get_closest_marker("e2e") is None))
+    """``make test`` runs on 2 xdist workers with ``--dist worksteal``, which hands each worker one contiguous half
+    of this list and lets an idle worker take from the end of the other's queue. So each half starts with its share
+    of the slow tests, dealt alternately (the end-to-end ones, the longest, first: the tiny gpu_check.sh takes
+    minutes), and ends with fast ones to be taken: a worker that drew a long test at the end would leave the other
+    idle meanwhile. Without xdist the order changes nothing (the tests are independent)."""
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    slow.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: collection order within each
+    fast = [item for item in items if not item.get_closest_marker("slow")]
+    first, second = slow[0::2], slow[1::2]
+    split = max(0, len(items) // 2 - len(first))
+    items[:] = first + fast[:split] + second + fast[split:]

@@ -10,7 +10,6 @@ slow drift of the machine does not favour either side.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -99,19 +98,18 @@ def _jax_minimal(config: RunConfig, arch: Any, batches: list[HostBatch], warmup:
         changes, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, changes), updates.get("batch_stats", {}), opt_state, loss
 
-    compiled = config.compile == "compiled"
-    run = jax.jit(step, donate_argnums=(0, 1, 2)) if compiled else step
+    # eager: the step without jax.jit, as the trainer's eager step (jax_impl/train.py), not jax.disable_jit
+    run = jax.jit(step, donate_argnums=(0, 1, 2)) if config.compile == "compiled" else step
     params, batch_stats = variables["params"], variables.get("batch_stats", {})
     opt_state = tx.init(params)
     on_device = [(jax.device_put(x), jax.device_put(y)) for x, y in batches]
     times, losses = [], []
-    with contextlib.nullcontext() if compiled else jax.disable_jit():
-        for i in range(warmup + steps):
-            images, labels = on_device[i % len(on_device)]
-            start = time.perf_counter()
-            params, batch_stats, opt_state, loss = run(params, batch_stats, opt_state, images, labels)
-            losses.append(float(jax.block_until_ready(loss)))
-            times.append(time.perf_counter() - start)
+    for i in range(warmup + steps):
+        images, labels = on_device[i % len(on_device)]
+        start = time.perf_counter()
+        params, batch_stats, opt_state, loss = run(params, batch_stats, opt_state, images, labels)
+        losses.append(float(jax.block_until_ready(loss)))
+        times.append(time.perf_counter() - start)
     return times[warmup:], losses[0]
 
 
