@@ -249,3 +249,29 @@ def test_the_report_gives_intervals_verdicts_the_noise_floor_and_the_undecided(t
     assert "- CPU: " in text and "{'python'" not in text  # the host as readable lines, not a dict
     assert report.tables and "| minus-loader | torch |" in report.tables[0]  # the console shows the ablations too
     assert (tmp_path / "ladder_step_time.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compare_matches_two_folders_with_verdicts_and_names_settings_that_differ(tmp_path, capsys):
+    """`twinrun compare A B` (pyperf's compare_to for two results folders): B's compile rung planted 1.5x slower is
+    "slower", the rest "no detectable difference"; a folder run with other settings is not matched silently."""
+    from experiments.__main__ import main
+
+    ms = {"baseline": 100, "loader": 50, "flags": 50, "amp": 49.5, "compile": 49, "minus-loader": 100,
+          "minus-flags": 49.5, "minus-amp": 50}
+    folders = {}
+    for name, changes in (("a", {}), ("b", {"compile": 73.5}), ("c", {})):
+        folder = tmp_path / name
+        store = ResultStore(folder)
+        for record in _planted(folder, {**ms, **changes}):
+            if name == "c":  # another batch size: not the same configuration
+                record = RunRecord.from_row({**record.to_row(), "config": {**record.config, "batch_size": 32}})
+            store.add(record.to_row())
+        folders[name] = str(folder)
+    assert main(["compare", folders["a"], folders["b"], "--out", str(tmp_path / "ab.md")]) == 0
+    text = (tmp_path / "ab.md").read_text()
+    compile_lines = [line for line in text.splitlines() if line.startswith("| compile |")]
+    assert len(compile_lines) == 2 and all("slower by " in line for line in compile_lines), compile_lines
+    assert "| loader | torch |" in text and "no detectable difference" in text
+    capsys.readouterr()
+    assert main(["compare", folders["a"], folders["c"]]) == 0
+    assert "batch_size" in capsys.readouterr().out  # named, not matched
