@@ -1,4 +1,6 @@
-"""The one training loop and its two backends: the twin contract, and what the loop evaluates on."""
+"""The one training loop and its two backends: the twin contract, what the loop evaluates on, the loop's rules on the
+framework-free scripted backend (tests/scripted.py: cadences, early stop, resume offsets, divergence, the fp16
+skipped step's LR, the kill hook, scalars), and one tiny real run per framework."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The driver beyond one device: the scaling sweep's throughput and efficiency table, the pipeline sweep's
-plan, and the ladder over 2 replicas (JAX's op-by-op rungs recorded as skipped, with the reason)."""
+plan, and the ladder over 2 replicas, as a plan (JAX's op-by-op rungs recorded as skipped, with the reason)."""
 
 from __future__ import annotations
 
