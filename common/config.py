@@ -38,7 +38,6 @@ PIPELINE_SPLIT_STAGE = 3  # stem + layer1..2 | layer3..4 + classifier
 COMPILE_DYNAMIC = ("false", "default", "true", "mark")
 TEXT_SOURCES = ("text",)  # a folder of AG News CSVs or JSON Lines (common/data/text.py)
 # twinrun infer's variants, in both frameworks (one that cannot run somewhere is skipped with its reason)
-INFERENCE_VARIANTS = ("eager", "compiled", "folded", "int8", "int4", "onnxruntime", "tensorrt")
 SCHEDULES = ("cosine", "constant")
 # One XLA flag as XLA_FLAGS takes it: --xla_name=value or --xla_name (a boolean switch); flags are space-separated
 XLA_FLAG = re.compile(r"--xla_[A-Za-z0-9_]+(=\S+)?")

@@ -38,7 +38,7 @@ class Workload:
     attention: bool  # whether --attention chooses anything in it
     # config -> the model in a few words, for console titles (a ResNet's width multiplier; a ViT's shape and kernel)
     summary: Callable[[RunConfig], str] = lambda config: config.model
-    # inference variants (common.config.INFERENCE_VARIANTS) that mean nothing for the family -> why, for the
+    # inference variants (common.inference.VARIANTS) that mean nothing for the family -> why, for the
     # skipped row: the driver asks this, never the model's name
     no_inference: Mapping[str, str] = field(default_factory=dict)
     examples: str = "images"  # what one example is, for throughput columns (images/s, texts/s)

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
+from common.inference import VARIANTS, dequantize_shape, int8_per_channel
 from jax_impl.models import BN_EPS
 from jax_impl.train import Model
 from jax_impl.train import build as build_model
@@ -65,17 +65,15 @@ def fold_batchnorm(params: Mapping[str, Any], stats: Mapping[str, Any]) -> dict[
 
 
 def quantize_int8(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Weight-only INT8: every conv/dense kernel as int8 with one fp32 scale per output channel (symmetric,
-    max-abs), the rest unchanged. Dequantized inside the jitted forward, which runs in bf16."""
+    """Weight-only INT8 (common/inference.py's "int8"): every conv/dense kernel as int8 with one fp32 scale per
+    output channel (``int8_per_channel``, the integers torch's twin holds), the rest unchanged."""
     out: dict[str, Any] = {}
     for name, value in params.items():
         if isinstance(value, Mapping):
             out[name] = quantize_int8(value)
         elif name == "kernel":
-            w = np.asarray(value, np.float32)
-            scale = np.maximum(np.abs(w).reshape(-1, w.shape[-1]).max(0), 1e-12) / 127.0
-            out[name] = {"int8": np.clip(np.round(w / scale), -127, 127).astype(np.int8),
-                         "scale": scale.astype(np.float32)}
+            q, scale = int8_per_channel(np.asarray(value), channel_axis=-1)
+            out[name] = {"int8": q, "scale": scale.reshape(dequantize_shape(q.ndim, -1))}
         else:
             out[name] = value
     return out
@@ -122,43 +120,61 @@ def _inference_model(config: RunConfig, arch: Any, dtype: str, folded: bool) -> 
     return model.clone(folded_norm=True) if folded else model
 
 
-def _int8(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
-    """Weight-only INT8 in a bf16 forward. A model with BatchNorm statistics is folded first (as torch's static
-    INT8 fuses conv+BN); one without (a ViT) quantizes its own kernels."""
-    stats = variables.get("batch_stats", {})
-    bf16 = _inference_model(config, arch, "bf16", folded=bool(stats))
-    params = fold_batchnorm(variables["params"], stats) if stats else variables["params"]
-    quantized = jax.device_put(quantize_int8(params))
+def _int8(model: Model, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
+    """Weight-only INT8: the kernels dequantized inside the jitted fp32 forward (BatchNorm statistics kept)."""
+    quantized = jax.device_put(quantize_int8(variables["params"]))
+    rest = {name: value for name, value in variables.items() if name != "params"}
 
     def int8_forward(images: jax.Array) -> jax.Array:
-        return bf16.apply({"params": dequantize(quantized, jnp.bfloat16)}, images).astype(jnp.float32)
+        return model.apply({**rest, "params": dequantize(quantized, jnp.float32)}, images, train=False)
 
-    what = "folded, int8 weights" if stats else "int8 weights of every kernel"
-    return _host(jax.jit(int8_forward)), (f"{what} (per output channel) dequantized in the jitted forward, bf16 "
-                                          f"activations, on {device}")
+    return _host(jax.jit(int8_forward)), f"int8 kernels dequantized inside the jitted forward, on {device}"
 
 
-def _int4(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
-    """qwix PTQ: the model's dots intercepted (no change to the model), each weight int4 with per-group scales, the
-    activations fp32. Raises Unavailable without qwix."""
-    if arch.family not in INT4_FAMILIES:
-        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.family}: not here)")
+def _int8_dynamic(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
+    """qwix PTQ of the dense layers' dots: int8 weights per output channel, each call's activations quantized to
+    int8 with one scale per tensor (``act_batch_axes=()``: torch's quantize_dynamic scales a whole tensor too), the
+    dot in int8 with int32 accumulation. Raises Unavailable without qwix."""
+    qwix = _qwix()
+    model = _inference_model(config, arch, "fp32", folded=False)
+    rule = qwix.QtRule(module_path=".*", op_names=("dot_general",), weight_qtype=jnp.int8, act_qtype=jnp.int8,
+                       act_batch_axes=())
+    return _ptq(qwix, model, rule, config, arch, variables), (
+        f"qwix {qwix.__version__} PTQ of the dense dots (symmetric int8 activations), jax.jit, on {device}")
+
+
+def _qwix() -> Any:
     try:
         import qwix
     except ImportError as exc:
         raise Unavailable(f"qwix is not installed ({exc}); {QWIX_PIP}") from None
+    return qwix
+
+
+def _ptq(qwix: Any, model: Model, rule: Any, config: RunConfig, arch: Any, variables: Mapping[str, Any]) -> Predict:
+    """``model`` with qwix's post-training ``rule`` (the model's dots intercepted, no change to the model), its
+    weights quantized once, jitted."""
+    ptq = qwix.quantize_model(model, qwix.PtqProvider([rule]))
+    abstract = jax.eval_shape(ptq.init, jax.random.key(0), _example(config, arch))
+    params = qwix.quantize_params(jax.tree.map(jnp.asarray, variables["params"]), abstract["params"])
+    rest = {name: value for name, value in variables.items() if name != "params"}
+
+    def ptq_forward(inputs: jax.Array) -> jax.Array:
+        return ptq.apply({**rest, "params": params}, inputs, train=False)
+
+    return _host(jax.jit(ptq_forward))
+
+
+def _int4(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
+    """qwix PTQ: each weight int4 with per-group scales, the activations fp32. Raises Unavailable without qwix."""
+    if arch.family not in INT4_FAMILIES:
+        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.family}: not here)")
+    qwix = _qwix()
     model = _inference_model(config, arch, "fp32", folded=False)
     rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int4, tile_size=INT4_GROUP)
-    ptq = qwix.quantize_model(model, qwix.PtqProvider([rule]))
-    abstract = jax.eval_shape(ptq.init, jax.random.key(0), _example(config, arch))["params"]
-    params = qwix.quantize_params(jax.tree.map(jnp.asarray, variables["params"]), abstract)
-
-    def int4_forward(tokens: jax.Array) -> jax.Array:
-        return ptq.apply({"params": params}, tokens)
-
-    return _host(jax.jit(int4_forward)), (f"qwix {qwix.__version__} INT4 weight-only PTQ of every dense kernel "
-                                          f"(symmetric, group {INT4_GROUP}; int4 values and their scales taken into "
-                                          f"the jitted dots by qwix's dot_general), fp32 activations, on {device}")
+    return _ptq(qwix, model, rule, config, arch, variables), (
+        f"qwix {qwix.__version__} INT4 weight-only PTQ of every dense kernel (symmetric, group {INT4_GROUP}; int4 "
+        f"values and their scales taken into the jitted dots by qwix's dot_general), fp32 activations, on {device}")
 
 
 def build(name: str, config: RunConfig, arch: Any, weights: str | None,
@@ -185,7 +201,12 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
         return _host(jax.jit(lambda images: folded.apply({"params": params}, images))), \
             f"conv+BN folded into the conv weights, jax.jit fp32 on {device}"
     if name == "int8":
-        return _int8(config, arch, variables, device)
+        return _int8(model, variables, device)
+    if name == "int8-dynamic":
+        return _int8_dynamic(config, arch, variables, device)
+    if name == "int8-static":
+        raise Unavailable("no static (calibrated-activation) INT8 path in JAX's libraries: XLA on a CPU has no "
+                          "quantized-activation kernels to run it (torch's comes from torch.ao's x86 backend)")
     if name == "int4":
         return _int4(config, arch, variables, device)
     if name == "onnxruntime":

@@ -93,12 +93,17 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch
     args = ["infer", "--source", "cifar10", "--data", config.data, "--width", "0.25", "--weights", weights,
             "--warmup", "2", "--throughput-batches", "32", "--throughput-calls", "2", "--calibration-batches", "4",
             "--out", str(tmp_path)]
-    code = main([*args, "--variants", "eager", "folded", "int8", "onnxruntime", "tensorrt", "--calls", "20"])
+    code = main([*args, "--variants", "eager", "folded", "int8", "int8-static", "onnxruntime", "tensorrt", "--calls",
+                 "20"])
     assert code == 0
     rows = {(r["framework"], r["variant"]): r for r in map(json.loads,
                                                            (tmp_path / "runs.jsonl").read_text().splitlines())
             if r.get("command") == "infer"}
-    assert len(rows) == 10
+    assert len(rows) == 12
+    for variant in {v for _, v in rows}:  # one name, one method: every row says the same in both frameworks
+        assert rows[("torch", variant)]["method"] == rows[("jax", variant)]["method"], variant
+        if rows[("torch", variant)]["status"] == rows[("jax", variant)]["status"] == "ok":
+            assert set(rows[("torch", variant)]) == set(rows[("jax", variant)]), variant
     for framework in ("torch", "jax"):
         eager = rows[(framework, "eager")]
         assert eager["accuracy"] > 0.3  # trained: far above the 0.1 of chance
@@ -110,6 +115,8 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch
         assert rows[(framework, "folded")]["accuracy"] == pytest.approx(eager["accuracy"], abs=0.011)
         assert abs(rows[(framework, "int8")]["accuracy_delta"]) <= INT8_ACCURACY_DELTA
         assert rows[(framework, "tensorrt")]["status"] == "skipped" and rows[(framework, "tensorrt")]["note"]
+    assert abs(rows[("torch", "int8-static")]["accuracy_delta"]) <= INT8_ACCURACY_DELTA  # torch.ao's x86 kernels
+    assert rows[("jax", "int8-static")]["status"] == "skipped" and "no static" in rows[("jax", "int8-static")]["note"]
     assert rows[("torch", "onnxruntime")]["status"] == "ok"
     assert rows[("torch", "onnxruntime")]["accuracy"] == pytest.approx(rows[("torch", "eager")]["accuracy"], abs=0.011)
     assert rows[("jax", "onnxruntime")]["status"] == "skipped"

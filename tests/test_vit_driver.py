@@ -9,10 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from common.config import RunConfig
 from common.errors import ConfigError
 from experiments.__main__ import main
 from experiments.catalog.presets import model_tag, preset_settings
@@ -99,25 +97,8 @@ def test_infer_runs_a_vit_and_skips_folding_with_its_reason(cifar100_archive, tm
         assert rows[(framework, "eager")]["status"] == "ok" and rows[(framework, "int8")]["status"] == "ok"
         folded = rows[(framework, "folded")]
         assert folded["status"] == "skipped" and "has no BatchNorm" in folded["note"]
-    assert "dynamic INT8 of the Linear layers" in rows[("torch", "int8")]["note"]
+    assert rows[("torch", "int8")]["method"] == rows[("jax", "int8")]["method"]  # one method, both frameworks
     assert rows[("torch", "onnxruntime")]["status"] == "ok"
-
-
-@pytest.mark.parametrize("framework", FRAMEWORKS)
-def test_int8_of_a_vit_stays_close_to_its_fp32_logits(framework):
-    """In process: torch's dynamic INT8 of the Linear layers, JAX's int8 weights in a bf16 forward; random weights
-    give small logits, so the gap is taken against their spread."""
-    from common.workloads import arch
-    from experiments.execution.frameworks import module
-
-    inference = module(framework, "inference")
-    config = RunConfig(model="vit-micro")
-    description = arch(config, 100)
-    images = np.random.default_rng(0).random((8, 32, 32, 3), dtype=np.float32)
-    eager, _ = inference.build("eager" if framework == "torch" else "compiled", config, description, None, [images])
-    int8, _ = inference.build("int8", config, description, None, [images])
-    reference = eager(images)
-    assert np.abs(int8(images) - reference).max() < 0.1 * np.abs(reference).max() + 1e-3
 
 
 @pytest.mark.e2e

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import INFERENCE_VARIANTS as VARIANTS
 from common.config import RunConfig
 from common.data.text import CLS
+from common.inference import VARIANTS, dequantize_shape, int8_per_channel
 from torch_impl.data import default_device, synchronize, to_nchw
 from torch_impl.techniques import compile_counter, compiled, recompile_limit_hits
 from torch_impl.train import make_model
@@ -30,12 +30,6 @@ Predict = Callable[[np.ndarray], np.ndarray]
 class Unavailable(Exception):
     """A variant that cannot run here (an optional runtime not installed, no GPU): skipped, with the reason."""
 
-
-# How each family is quantized to INT8. FX static quantization traces the model, and torch.fx cannot trace the
-# ViT's fp32 LayerNorm (its torch.autocast(x.device.type) guard: "Expected `device_type` of type `str`, got:
-# torch.fx.proxy.Attribute"); a transformer's compute is its Linear layers, which dynamic quantization covers
-# without tracing.
-INT8_METHODS = {"resnet": "static", "vit": "dynamic", "text": "dynamic"}
 
 # INT4 weight-only: torchao's IntxWeightOnlyConfig, the CPU path of its current releases (0.18: Int4WeightOnlyConfig's
 # CPU packing "opaque" was removed after 0.14, and its other packings need CUDA, bf16 or the mslk kernels). The text
@@ -59,17 +53,42 @@ def fold_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
     return fuse(copy.deepcopy(model).eval())
 
 
-def quantize_int8(model: torch.nn.Module, calibration: list[np.ndarray]) -> torch.nn.Module:
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Weight-only INT8 (common/inference.py's "int8"): every Conv2d and Linear weight held as int8 with one scale
+    per output channel (``int8_per_channel``, the integers JAX's twin holds), dequantized before each call of the
+    layer; activations stay fp32. A forward pre-hook, not a library: torchao's weight-only configs cover Linear
+    layers only, and a ResNet's compute is its convolutions."""
+    model = copy.deepcopy(model).cpu().eval()
+    for layer in model.modules():
+        if isinstance(layer, (torch.nn.Conv2d, torch.nn.Linear)):
+            q, scale = int8_per_channel(layer.weight.detach().float().numpy(), channel_axis=0)
+            del layer.weight  # the fp32 weight is gone: the layer holds its int8 copy only
+            layer.register_buffer("weight_int8", torch.from_numpy(q))
+            layer.register_buffer("weight_scale", torch.from_numpy(scale).reshape(dequantize_shape(q.ndim, 0)))
+            layer.register_forward_pre_hook(_dequantize_weight)
+    return model
+
+
+def _dequantize_weight(layer: torch.nn.Module, inputs: Any) -> None:
+    layer.weight = layer.weight_int8.to(torch.float32) * layer.weight_scale
+
+
+def quantize_int8_static(model: torch.nn.Module, calibration: list[np.ndarray]) -> torch.nn.Module:
     """Post-training static INT8 (torch.ao FX graph mode, x86 backend: per-channel int8 weights, uint8
     activations with observed ranges; conv+BN+ReLU fused first). torch 2.14 no longer ships
-    torch.ao's PT2E entry points (they moved to torchao); FX mode needs no extra dependency."""
+    torch.ao's PT2E entry points (they moved to torchao); FX mode needs no extra dependency. Raises Unavailable
+    for a model torch.fx cannot trace (a ViT's fp32 LayerNorm under its autocast guard)."""
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
     torch.backends.quantized.engine = "x86"
     model = copy.deepcopy(model).cpu().eval()
     example = (_to_tensor(calibration[0], torch.device("cpu")),)
-    prepared = prepare_fx(model, get_default_qconfig_mapping("x86"), example_inputs=example)
+    try:
+        prepared = prepare_fx(model, get_default_qconfig_mapping("x86"), example_inputs=example)
+    except Exception as exc:  # torch.fx's own errors have no common type
+        raise Unavailable(f"torch.fx cannot trace this model for static INT8 ({type(exc).__name__}: "
+                          f"{str(exc)[:160]})") from None
     with torch.inference_mode():
         for images in calibration:
             prepared(_to_tensor(images, torch.device("cpu")))
@@ -78,23 +97,12 @@ def quantize_int8(model: torch.nn.Module, calibration: list[np.ndarray]) -> torc
 
 def quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
     """Dynamic INT8 of every Linear layer (torch.ao eager mode, x86: int8 weights per output channel; activations
-    quantized per batch from their observed range at run time, no calibration); the rest stays fp32."""
+    quantized per call from their observed range, no calibration); the rest stays fp32."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
     torch.backends.quantized.engine = "x86"
     model = copy.deepcopy(model).cpu().eval()
     return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
-
-
-def _int8(model: torch.nn.Module, arch: Any, calibration: list[np.ndarray]) -> tuple[Predict, str]:
-    """The family's INT8 method (INT8_METHODS), on the CPU's quantized kernels, with what it is."""
-    cpu = torch.device("cpu")
-    if INT8_METHODS.get(arch.family) == "dynamic":
-        return _predictor(quantize_int8_dynamic(model), cpu), (
-            "torch.ao dynamic INT8 of the Linear layers (int8 weights per channel, activations quantized per batch at "
-            "run time; every other layer fp32), CPU kernels: FX static quantization cannot trace this model")
-    note = "torch.ao FX static INT8 (x86: int8 weights per channel, uint8 activations), CPU kernels"
-    return _predictor(quantize_int8(model, calibration), cpu), note
 
 
 def quantize_int4(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
@@ -212,8 +220,16 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
         return _predictor(torch.compile(model), device), f"torch.compile fp32 on {device}"
     if name == "folded":
         return _predictor(fold_batchnorm(model), device), f"conv+BN folded (torch.fx fuse), eager fp32 on {device}"
+    cpu = torch.device("cpu")
     if name == "int8":
-        return _int8(model, arch, calibration)
+        return _predictor(quantize_int8(model), cpu), "int8 weights dequantized by a forward pre-hook, eager, CPU"
+    if name == "int8-dynamic":
+        return _predictor(quantize_int8_dynamic(model), cpu), (
+            "torch.ao quantize_dynamic of the Linear layers (x86 kernels; activations per tensor, asymmetric uint8), "
+            "eager, CPU")
+    if name == "int8-static":
+        return _predictor(quantize_int8_static(model, calibration), cpu), (
+            "torch.ao FX static INT8 (x86 kernels: int8 weights per channel, uint8 activations), CPU")
     if name == "int4":
         return _int4(model, arch)
     if name == "onnxruntime":

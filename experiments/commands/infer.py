@@ -21,7 +21,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from common.config import INFERENCE_VARIANTS, RunConfig
+from common.config import RunConfig
+from common.inference import VARIANTS as INFERENCE_VARIANTS
 from common.workloads import workload_for
 from experiments.catalog.defaults import with_default_data
 from experiments.cli import add_config_arguments, config_from_args, given_keys

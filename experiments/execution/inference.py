@@ -1,4 +1,5 @@
-"""Inference variants (eager, compiled, folded, int8, int4, onnxruntime, tensorrt) of one framework in one process:
+"""Inference variants (common/inference.py: eager, compiled, folded, the INT8 methods, int4, onnxruntime,
+tensorrt) of one framework in one process, each row naming its method in the same words in both frameworks:
 batch-1 latency p50/p99 over timed calls, each on the next eval example (for text: at its real length, padded per
 the config's batching), throughput per batch size, and accuracy on the eval split with its delta against the same
 framework's eager fp32. Compilation is kept apart: the first call and then one call on every other distinct padded
@@ -20,6 +21,7 @@ import numpy as np
 from common.config import RunConfig
 from common.data.batches import make_batch_maker, make_sampler
 from common.data.text import PAD, TextSource
+from common.inference import METHODS
 from common.results import RunResult
 from common.timing import summarize
 from common.workloads import arch as describe
@@ -162,7 +164,8 @@ def measure_variant(framework: str, name: str, config: RunConfig, weights: str |
     """One variant: build it, time batch 1 and the throughput batches, score the eval split. A variant that means
     nothing for the model's family (its workload's ``no_inference``: folding a model without BatchNorm) is skipped
     with the workload's reason, before anything is built."""
-    row: dict[str, Any] = {"framework": framework, "variant": name}
+    # what the variant computes, in the same words in both frameworks (how this framework runs it: the note)
+    row: dict[str, Any] = {"framework": framework, "variant": name, "method": METHODS.get(name, name)}
     meaningless = workload_for(config.model).no_inference.get(name)
     if meaningless:
         return {**row, "status": "skipped", "note": meaningless}
