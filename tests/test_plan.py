@@ -98,3 +98,65 @@ def test_a_job_that_died_is_a_failed_result_of_its_framework():
     result = result_of("jax", {"status": "failed", "error": "exit code 9: killed"})
     assert isinstance(result, RunResult) and (result.framework, result.status) == ("jax", "failed")
     assert result.error == "exit code 9: killed" and result.eval is None and math.isnan(result.final_loss)
+
+
+def _ladder(tmp_path: Path, repeats: int, ablation_repeats: int | None = None):
+    prepared = Prepared(RunConfig(steps=3, epochs=None, width=0.125, batch_size=16), tmp_path, ResultStore(tmp_path),
+                        FRAMEWORKS)
+    return prepared, ladder_plan(prepared, repeats, "tiny",
+                                 LadderOptions(Device(False, 2), ablation_repeats=ablation_repeats))
+
+
+def test_ablations_measured_in_the_first_repeats_only_when_asked(tmp_path):
+    _, plan = _ladder(tmp_path, 3, ablation_repeats=1)
+    ablations = {(job.fields["rung"], job.fields["repeat"]) for job in plan if job.fields["ablation"]}
+    assert ablations and {repeat for _, repeat in ablations} == {0}
+    cumulative = {job.fields["repeat"] for job in plan if not job.fields["ablation"]}
+    assert cumulative == {0, 1, 2}  # the rungs and the A/A control keep every repeat
+    assert len(_ladder(tmp_path / "all", 3)[1]) - len(plan) == len(ablations) * len(FRAMEWORKS) * 2  # r1, r2
+
+
+class _Clock:
+    """A job's planted wall time passes on this clock, not the machine's."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_time_budget_bounds_the_requested_repeats_too(tmp_path, monkeypatch):
+    """--time-budget is the most the whole command takes: on a slow machine (every run 10 s here, a 300 s budget) the
+    first repeat runs whole, the later repeat's runs stop where the budget would be overrun, the outcome says so
+    (not a failure) and the report lists them; a rerun with a fresh budget adds exactly those."""
+    from experiments.execution import plan as planning
+
+    clock = _Clock()
+
+    def run_job(job, timeout_s, store=None, previous=None):
+        clock.now += 10.0
+        step = Summary(0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 3)
+        result = RunResult(job.framework, "ok", steps_done=3, losses=[4.6, 4.5, 4.4],
+                           timing=Timing(timed_steps=3, first_step_s=1.0, warmup_steps=1, step_s=step))
+        return RunRecord(key=job.key, command=job.command, result=result, config=job.config.to_dict(), wall_s=10.0,
+                         fields=dict(job.fields))
+
+    monkeypatch.setattr(planning, "run_job", run_job)
+    monkeypatch.setattr(planning.time, "monotonic", clock)
+    monkeypatch.setattr(planning, "ensure_matmul_rate", lambda store, timeout_s: None)
+    prepared, plan = _ladder(tmp_path, 2)
+    first = [job for job in plan if job.fields["repeat"] == 0]
+    budget = planning.Adaptive(lambda records: set(), lambda number, only: [], budget_s=10.0 * len(first) + 45.0,
+                               started=clock.now, first_repeat=2)
+    outcome = execute(plan, prepared.store, "ladder", None, console_for_output(), adaptive=budget)
+    assert outcome.complete and len(outcome.deferred) == len(plan) - len(first) - 4  # 4 more fit in 45 s
+    assert all(key.endswith("/r1") for key in outcome.deferred)
+    stored = {row["key"] for row in prepared.store.rows()}
+    assert {job.key for job in first} <= stored and not set(outcome.deferred) & stored
+    assert "time budget left" in planning.outcome_line(outcome)
+    assert "left 14 requested run(s) of the later repeats out" in write_report(tmp_path).path.read_text()
+    again = planning.Adaptive(lambda records: set(), lambda number, only: [], budget_s=1e4, started=clock.now)
+    rerun = execute(plan, prepared.store, "ladder", None, console_for_output(), adaptive=again)
+    assert rerun.complete and not rerun.deferred
+    assert {job.key for job in plan} <= {row["key"] for row in prepared.store.rows()}

@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from common.config import PIPELINE_SPLIT_STAGE, RunConfig
 from torch_impl.models import ResNet
@@ -50,6 +49,10 @@ def make_train_step(config: RunConfig, model: ResNet, optimizer, scheduler, repl
     module = stage_modules(model)[replica.rank]
     if config.compile == "compiled":
         module = torch.compile(module, mode=config.torchcompile_mode)
+    # imported here, not with the module: torch.distributed.pipelining takes ~2 s to import, which every torch run
+    # (the backend imports this module) paid before, pipelined or not
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
     stage = PipelineStage(module, replica.rank, STAGES, device)
     schedule = ScheduleGPipe(stage, n_microbatches=config.pipeline_micro_batches, loss_fn=loss_fn, scale_grads=True)
     last = replica.rank == STAGES - 1

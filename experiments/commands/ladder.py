@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"article's, {','.join(DEFAULT_ORDER)}; a JAX user starts with compile)")
     ladder.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=True,
                         help="also measure the top rung minus each technique")
+    ladder.add_argument("--ablation-repeats", type=positive_int, default=None, metavar="N",
+                        help="measure the ablations in the first N repeats only (default: every repeat); each is "
+                             "judged with its framework's pooled run-to-run spread, and the adaptive step adds runs "
+                             "of those still undecided")
     accuracy = parser.add_argument_group("time to accuracy")
     accuracy.add_argument("--to-accuracy", type=unit_fraction, default=None, metavar="A",
                           help="each run trains whole epochs until its evaluation accuracy (whole eval split, at every "
@@ -98,8 +102,9 @@ def run(args: argparse.Namespace) -> int:
         options = replace(options, data=str(archive))
     prepared = prepare(options, _default_name(args, order))
     workers = args.workers if args.workers is not None else default_loader_workers()
-    ladder = LadderOptions(Device(cuda_available(), workers), order, args.ablations, args.to_accuracy, args.epochs,
-                           args.inject_failure, args.break_lr)
+    ladder = LadderOptions(Device(cuda_available(), workers), order, args.ablations,
+                           ablation_repeats=args.ablation_repeats, to_accuracy=args.to_accuracy, epochs=args.epochs,
+                           inject_failure=args.inject_failure, break_lr=args.break_lr)
     check_runnable(repeat_base(prepared, 0, ladder), prepared.frameworks)  # before weights, lock or folder
     console = console_for_output()
     with prepared.store.locked("ladder", "another --name or --results"):

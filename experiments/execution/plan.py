@@ -117,6 +117,10 @@ class LadderOptions:
     device: Device  # CUDA or not (mixed precision's dtype) and the loader rung's worker count
     order: tuple[str, ...] = DEFAULT_ORDER  # the techniques, in the order the cumulative rungs add them
     ablations: bool = True  # also "top rung minus X" for each technique X
+    # the repeats that measure the ablations (None: every one): each is a comparison with the top rung, judged with
+    # its framework's pooled run-to-run spread, so one run of it decides as a cumulative rung's two do; the adaptive
+    # step adds runs of any still undecided
+    ablation_repeats: int | None = None
     to_accuracy: float | None = None  # train whole epochs until the evaluation accuracy reaches this
     epochs: int | None = None  # at most this many epochs (with to_accuracy), or exactly this many
     inject_failure: str | None = None  # test hook, "rung:framework": that run dies
@@ -143,7 +147,9 @@ def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, op
     """One repeat of the ladder, in plan order (``ordered`` shuffles it): every rung and the A/A control (the top
     rung once more) in each framework; ``only``: just these configurations (an adaptive repeat)."""
     plan = []
-    rungs = ladder_rungs(options.order, options.ablations)
+    ablations = options.ablations and (only is not None or options.ablation_repeats is None
+                                       or repeat < options.ablation_repeats)
+    rungs = ladder_rungs(options.order, ablations)
     top = rungs[len(options.order)]
     base = repeat_base(prepared, repeat, options)
     top_config = rung_config(top, base, options.device)
@@ -306,6 +312,7 @@ class Outcome:
     planned: int
     failed: dict[str, str]
     adaptive: dict[str, Any] | None = None
+    deferred: tuple[str, ...] = ()  # planned runs the time budget left out (a rerun of the command adds them)
 
     @property
     def complete(self) -> bool:
@@ -328,17 +335,23 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
         console.print(f"earlier results moved to {moved}")
     statuses = {row["key"]: row.get("status") for row in store.rows()}
     finished = {key for key, status in statuses.items() if status in FINISHED}
-    ran = list(plan)
+    ran, deferred = list(plan), []
     summary = None
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task(title, total=len(plan))
         for job in plan:
             if job.key not in finished:
-                progress.update(task, description=job.label)
-                _run_and_store(job, store, timeout_s, progress, statuses.get(job.key))
+                if _over_budget(adaptive, job, store, {j.command for j in plan}):
+                    deferred.append(job.key)
+                else:
+                    progress.update(task, description=job.label)
+                    _run_and_store(job, store, timeout_s, progress, statuses.get(job.key))
             progress.advance(task)
-        if adaptive is not None:
+        if deferred:  # the budget is spent: no adaptive repeats either
+            summary = _summary(adaptive, {}, f"the time budget ({adaptive.budget_s:g} s) ran out before the "  # type: ignore[union-attr]
+                               f"requested repeats ended", set(), deferred)
+        elif adaptive is not None:
             extra, summary = _adaptive(adaptive, plan, store, timeout_s, progress, task)
             ran += extra
         progress.update(task, description=f"{title}: device matmul rate")
@@ -349,8 +362,8 @@ def execute(plan: list[PlannedRun], store: ResultStore, title: str, timeout_s: f
     store.export()  # even when nothing ran: an export changed by hand is kept aside and written anew
     rows = {row["key"]: row for row in store.rows()}
     failed = {job.key: str(rows.get(job.key, {}).get("error") or "no row") for job in ran
-              if rows.get(job.key, {}).get("status") not in ("ok", "diverged", "skipped")}
-    return Outcome(len(ran), failed, summary)
+              if job.key not in deferred and rows.get(job.key, {}).get("status") not in ("ok", "diverged", "skipped")}
+    return Outcome(len(ran), failed, summary, tuple(deferred))
 
 
 def _run_and_store(job: PlannedRun, store: ResultStore, timeout_s: float | None, progress: Progress,
@@ -398,9 +411,21 @@ def _adaptive(adaptive: Adaptive, plan: list[PlannedRun], store: ResultStore, ti
     return ran, _summary(adaptive, added, stopped, set())
 
 
-def _summary(adaptive: Adaptive, added: dict[str, int], stopped: str, left: set[Configuration]) -> dict[str, Any]:
+def _summary(adaptive: Adaptive, added: dict[str, int], stopped: str, left: set[Configuration],
+             deferred: list[str] | None = None) -> dict[str, Any]:
     return {"precision": adaptive.precision, "budget_s": adaptive.budget_s, "added": added, "stopped": stopped,
-            "still_needed": sorted(f"{group} {framework}" for group, framework in left)}
+            "still_needed": sorted(f"{group} {framework}" for group, framework in left),
+            "deferred": list(deferred or [])}
+
+
+def _over_budget(adaptive: Adaptive | None, job: PlannedRun, store: ResultStore, commands: set[str]) -> bool:
+    """Whether a requested run after the first repeat would overrun the time budget (``--time-budget`` bounds the
+    whole command: on a slow machine the later repeats stop, every configuration keeping its first repeat's run,
+    and a rerun of the command adds what was left out)."""
+    if adaptive is None or adaptive.budget_s is None or int(job.fields.get("repeat", 0)) < 1:
+        return False
+    left = adaptive.budget_s - (time.monotonic() - adaptive.started)
+    return _expected_s(job, [r for r in store.records() if r.command in commands]) > left
 
 
 def _expected_s(job: PlannedRun, records: list[RunRecord]) -> float:
@@ -415,6 +440,9 @@ def _expected_s(job: PlannedRun, records: list[RunRecord]) -> float:
 
 def outcome_line(outcome: Outcome) -> str:
     """The last line of a ladder or sweep: whether everything asked for ran (the exit code says the same)."""
+    if outcome.complete and outcome.deferred:
+        return (f"{outcome.planned - len(outcome.deferred)} of {outcome.planned} planned runs finished; the time "
+                f"budget left {len(outcome.deferred)} of the later repeats out (rerun the same command to add them)")
     if outcome.complete:
         return f"all {outcome.planned} planned runs finished (ok, diverged or skipped with a reason)"
     keys = ", ".join(list(outcome.failed)[:5]) + (" ..." if len(outcome.failed) > 5 else "")

@@ -127,6 +127,10 @@ def _undecided_text(analysis: Analysis, adaptive: dict[str, Any] | None) -> str:
         head += (f"\n\nAdaptive repeats (precision +-{100 * precision:.0f}% asked" if precision else
                  "\n\nAdaptive repeats (") + (f", time budget {adaptive['budget_s']:g} s" if adaptive.get(
                     "budget_s") else "") + f"): added {added}; stopped: {adaptive.get('stopped')}."
+        deferred = adaptive.get("deferred") or []
+        if deferred:
+            head += (f" The budget left {len(deferred)} requested run(s) of the later repeats out (each configuration "
+                     f"kept its first repeat's run; rerun the same command to add them): {', '.join(deferred)}.")
     if not open_:
         return head + "\n\nnone: every comparison is decided" + (" or known within the precision" if precision
                                                                    else "")
