@@ -36,6 +36,10 @@ PIPELINE_SPLIT_STAGE = 3  # stem + layer1..2 | layer3..4 + classifier
 # eager), default = torch's own (static first, automatic dynamic from the first recompile), true = dynamic from the
 # start, mark = torch._dynamo.mark_dynamic on the sequence axis of every batch. JAX has one answer: a program a shape.
 COMPILE_DYNAMIC = ("false", "default", "true", "mark")
+# What --compile compiled covers (common/config.py's compile_scope): the whole update (forward, backward and the
+# optimizer: jax.jit of the step; torch.compile of the model and of optimizer.step, PyTorch's compiled-optimizer
+# recipe) or the model alone (forward and backward; the optimizer's update runs op by op on both sides)
+COMPILE_SCOPES = ("step", "model")
 TEXT_SOURCES = ("text",)  # a folder of AG News CSVs or JSON Lines (common/data/text.py)
 # twinrun infer's variants, in both frameworks (one that cannot run somewhere is skipped with its reason)
 SCHEDULES = ("cosine", "constant")
@@ -176,6 +180,9 @@ class RunConfig:
     # compile
     compile: str = knob("eager", "torch.compile / jax.jit, or eager (JAX: op by op)", "compile",
                         choices=COMPILE_MODES)
+    compile_scope: str = knob("step", "what --compile compiled covers, in both frameworks: step (forward, backward and "
+                              "the optimizer's update, as jax.jit of the step) or model (forward and backward; the "
+                              "update op by op, as torch.compile(model) alone)", "compile", choices=COMPILE_SCOPES)
     torchcompile_mode: str = knob("default", "torch.compile mode", "compile", choices=TORCH_COMPILE_MODES,
                                   frameworks=TORCH_ONLY)
     compile_dynamic: str = knob("default", "torch.compile and a new input shape: false (a graph per shape, up to the "

@@ -212,8 +212,9 @@ def _train(config: RunConfig, backend: Backend, place: Place, scalars: Scalars) 
         framework=backend.name, status=run.status, steps_done=run.steps_done, start_step=start, losses=run.losses,
         loss_scales=run.loss_scales, timing=run.timer.summary(), memory=memory, evals=run.evals,
         step_elapsed_s=run.progress.step_elapsed_s, evaluation_s=run.progress.evaluation_s,
-        final_lr=float(learning_rate(run.updates, config, total_steps, np)), recompiles=max(graphs - 1, 0),
-        graphs_compiled=graphs, compile_s=compiled.seconds, notes=[*notes, *compiled.notes], device=backend.device,
+        final_lr=float(learning_rate(run.updates, config, total_steps, np)),
+        recompiles=max(graphs - run.first_graphs, 0), graphs_compiled=graphs, compile_s=compiled.seconds,
+        notes=[*notes, *compiled.notes], device=backend.device,
         framework_version=backend.version,
         num_classes=arch.num_classes, synthetic_data=train_source.synthetic,
         augmentations=list(train_source.augmentations), replicas=place.replicas,
@@ -235,6 +236,10 @@ class _Run:
     loss_scales: list[float] = field(default_factory=list)
     evals: list[Evaluation] = field(default_factory=list)
     first: Sequence[Batch] | None = None  # the first step's micro-batches, on the device (memory is measured on them)
+    # graphs compiled by the end of the second step: the first step compiles the model's (and a compiled update's
+    # optimizer's), the second the update again where the optimizer's state came into being in the first (torch's
+    # momentum and Adam buffers); the graphs beyond them are recompilations, for new shapes
+    first_graphs: int = 0
 
 
 class _ProfilerWindow:
@@ -298,6 +303,8 @@ def _step(config: RunConfig, backend: Backend, place: Place, scalars: Scalars, r
     previous, run.scale = run.scale, backend.loss_scale()
     run.updates += 0 if run.scale < previous else 1  # a lowered scale means the step was skipped
     run.losses.append(loss)
+    if len(run.losses) <= 2 and config.compile == "compiled":
+        run.first_graphs = backend.compilation().graphs
     run.loss_scales.append(run.scale)
     run.steps_done += 1
     if scalars.enabled:

@@ -114,7 +114,7 @@ class RunResult:
     evals: list[Evaluation] = field(default_factory=list)  # every evaluation, the final one last
     evaluation_s: float = NAN  # seconds spent evaluating, every evaluation together
     final_lr: float = NAN
-    recompiles: int = 0  # compiled graphs beyond the first
+    recompiles: int = 0  # compiled graphs beyond those of the first step (new shapes)
     graphs_compiled: int = 0
     compile_s: float | None = None  # seconds spent compiling, every graph (a recompile's too); None: not measured
     notes: list[str] = field(default_factory=list)  # techniques accepted with no effect here, and why

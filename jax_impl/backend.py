@@ -136,7 +136,7 @@ class Backend:
         values: dict[str, Any] = {}
         if self.data_parallel is None:  # both frameworks measure the single-device step
             values["saved_for_backward_bytes"] = measure_saved_bytes(self.config, self.model, self.whole, *first[0])
-            if self.config.compile == "compiled":  # op by op there is no whole-step program to analyse
+            if self.config.compile == "compiled" and self.config.compile_scope == "step":  # else no whole-step program
                 values.update(measure_xla_memory(self.step_fn, self.whole, *first[0]))
         stats = jax.local_devices()[0].memory_stats() or {}
         if "peak_bytes_in_use" in stats:

@@ -112,7 +112,8 @@ def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransform
     loss, unscales the gradients and, if any is inf/nan, keeps parameters and optimizer state."""
     fp16 = config.precision == "fp16"
 
-    def step(state: TrainState, images: jax.Array, labels: jax.Array, inject_inf: jax.Array):
+    def gradients(state: TrainState, images: jax.Array, labels: jax.Array, inject_inf: jax.Array):
+        """Forward and backward: the unscaled gradients, the loss and the new BatchNorm statistics."""
         def scaled_loss(params):
             logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats}, images,
                                           train=True, mutable=["batch_stats"])
@@ -125,7 +126,10 @@ def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransform
         grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
         # Test hook: an overflowing gradient, as fp16 produces.
         leaves, treedef = jax.tree.flatten(grads)
-        grads = jax.tree.unflatten(treedef, [jnp.where(inject_inf, jnp.inf, leaves[0])] + leaves[1:])
+        return jax.tree.unflatten(treedef, [jnp.where(inject_inf, jnp.inf, leaves[0])] + leaves[1:]), loss, batch_stats
+
+    def update(state: TrainState, grads: Any, loss: jax.Array, batch_stats: Any):
+        """The optimizer's update (fp16: kept only where every gradient is finite, and the loss scale moved)."""
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         if fp16:
@@ -137,8 +141,20 @@ def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransform
             loss_scale = state.loss_scale
         return TrainState(params, batch_stats, opt_state, loss_scale), loss
 
+    def step(state: TrainState, images: jax.Array, labels: jax.Array, inject_inf: jax.Array):
+        return update(state, *gradients(state, images, labels, inject_inf))
+
     if config.devices > 1:
         return step  # the caller makes it data parallel (jax_impl/parallel.py)
+    if config.compile == "compiled" and config.compile_scope == "model":
+        # forward and backward one program, the update op by op: torch.compile(model)'s scope
+        compiled_gradients = jax.jit(gradients)
+
+        def model_step(state: TrainState, images: jax.Array, labels: jax.Array, inject_inf: jax.Array):
+            return update(state, *compiled_gradients(state, images, labels, inject_inf))
+
+        model_step._cache_size = compiled_gradients._cache_size  # type: ignore[attr-defined]  # programs compiled
+        return model_step
     if config.compile == "compiled":
         return jax.jit(step, donate_argnums=(0,))  # donated: the old state's buffers are reused in place
     # Eager: the step without jax.jit, as a JAX user meets it outside jit: each operation is dispatched on its own

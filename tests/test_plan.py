@@ -160,3 +160,23 @@ def test_the_time_budget_bounds_the_requested_repeats_too(tmp_path, monkeypatch)
     rerun = execute(plan, prepared.store, "ladder", None, console_for_output(), adaptive=again)
     assert rerun.complete and not rerun.deferred
     assert {job.key for job in plan} <= {row["key"] for row in prepared.store.rows()}
+
+
+def test_the_compile_rung_and_the_scope_sweep_compile_the_same_computation_in_both_frameworks(tmp_path):
+    """Issue 27: "compiled" means one scope in both frameworks, and each row's config says which. The ladder's
+    compile rung compiles the whole update on both sides; the compile-scope sweep measures both scopes."""
+    from experiments.catalog.sweeps import SWEEPS
+    from experiments.execution.plan import sweep_plan
+
+    _, plan = _ladder(tmp_path, 1)
+    compiled = [job for job in plan if job.config.compile == "compiled"]
+    assert compiled and {(job.config.compile_scope, job.framework) for job in compiled} == {("step", "torch"),
+                                                                                              ("step", "jax")}
+    assert all(job.config.to_dict()["compile_scope"] == "step" for job in compiled)  # in every row's config
+    sweep = sweep_plan(SWEEPS["compile-scope"], ["eager", "model", "step"], RunConfig(), FRAMEWORKS, repeats=1,
+                       preset="cpu")
+    assert sorted((job.fields["value"], job.framework, job.config.compile, job.config.compile_scope)
+                  for job in sweep if "control" not in job.fields) == [
+        ("eager", "jax", "eager", "step"), ("eager", "torch", "eager", "step"),
+        ("model", "jax", "compiled", "model"), ("model", "torch", "compiled", "model"),
+        ("step", "jax", "compiled", "step"), ("step", "torch", "compiled", "step")]

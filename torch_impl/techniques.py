@@ -58,6 +58,24 @@ def compiled(config: RunConfig, model: torch.nn.Module) -> Callable[..., torch.T
     return marked
 
 
+def compile_optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer.step`` under torch.compile (PyTorch's compiled-optimizer recipe), so a compiled run's whole update
+    is compiled, as jax.jit of JAX's step is; the LR is a tensor (``make_optimizer``), so the scheduler's new value
+    each step is new data, not a new graph. GradScaler's ``step`` calls it too."""
+    eager_step = optimizer.step
+
+    @torch.compile(fullgraph=False)
+    def step(*args, **kwargs):
+        return eager_step(*args, **kwargs)
+
+    optimizer.step = step  # type: ignore[method-assign]
+
+
+def compiles_update(config: RunConfig) -> bool:
+    """Whether the run compiles its optimizer's update too (--compile compiled with --compile-scope step)."""
+    return config.compile == "compiled" and config.compile_scope == "step"
+
+
 def param_dtype(config: RunConfig) -> torch.dtype:
     return torch.float64 if config.precision == "fp64" else torch.float32
 

@@ -20,7 +20,9 @@ from torch_impl.models import make_model as build_resnet
 from torch_impl.techniques import (
     AMP_DTYPES,
     autocast,
+    compile_optimizer_step,
     compiled,
+    compiles_update,
     count_saved_bytes,
     param_dtype,
 )
@@ -70,15 +72,19 @@ def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str
 
 
 def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int):
-    """SGD (momentum, coupled weight decay) or AdamW, and the shared LR formula as a LambdaLR."""
+    """SGD (momentum, coupled weight decay) or AdamW, and the shared LR formula as a LambdaLR. A compiled update
+    (``compiles_update``) takes its LR as a tensor, which the scheduler fills in place."""
+    lr = torch.tensor(config.effective_lr) if compiles_update(config) else config.effective_lr
     if config.optimizer == "sgd":
-        optimizer = torch.optim.SGD(model.parameters(), lr=config.effective_lr, momentum=config.momentum,
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum,
                                     weight_decay=config.weight_decay)
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.effective_lr, weight_decay=config.weight_decay,
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=config.weight_decay,
                                       betas=(0.9, 0.999), eps=1e-8)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: float(learning_rate(step, config, total_steps, np)) / config.effective_lr)
+    if compiles_update(config):  # after the scheduler, which wraps the eager step to see it called
+        compile_optimizer_step(optimizer)
     return optimizer, scheduler
 
 

@@ -9,13 +9,14 @@ from common.workloads import workload_for
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The README's main job (`make run`: 5 rungs and the A/A control x 2 frameworks x 2 repeats, the 3 ablations in
-    # the first repeat, then adaptive repeats of the undecided; its time budget bounds the second repeat too). Timed steps chosen by measurement (`twinrun ladder
-    # --preset cpu --steps 18 --repeats 3`, 2 cores, 2026-12-05): a run costs ~9 s besides its steps (process,
-    # imports, compile) and a step 0.04-0.4 s; the spread of log step times is ~0.05 within a run and 0.02-0.09
-    # between runs (processes) of one configuration, so the interval of a configuration narrows far more with runs
-    # than with steps: its variance per second of run is least between 6 (JAX: its runs vary most) and ~25 (torch's
-    # calm runs) timed steps. 8 timed steps: near the optimum for the noisier framework, and a median of 8 shrugs off
-    # one slow step. 2 warm-up steps: from the third step on, every step was within 5% of its run's median.
+    # the first repeat, then adaptive repeats of the undecided; its time budget bounds the second repeat too). Timed
+    # steps chosen by measurement (`twinrun ladder --preset cpu --steps 18 --repeats 3`, 2 cores, 2026-12-05): a run
+    # costs ~9 s besides its steps (process, imports, compile) and a step 0.04-0.4 s; the spread of log step times is
+    # ~0.05 within a run and 0.02-0.09 between runs (processes) of one configuration, so the interval of a
+    # configuration narrows far more with runs than with steps: its variance per second of run is least between 6
+    # (JAX: its runs vary most) and ~25 (torch's calm runs) timed steps. 8 timed steps: near the optimum for the
+    # noisier framework, and a median of 8 shrugs off one slow step. 2 warm-up steps: from the third step on, every
+    # step was within 5% of its run's median.
     "cpu": {"model": "resnet18", "width": 0.125, "batch_size": 64, "steps": 10, "epochs": None, "timing_warmup": 2,
             "eval_batches": 2, "lr": 0.05, "warmup_steps": 2},
     "tiny": {"model": "resnet18", "width": 0.125, "batch_size": 16, "steps": 3, "epochs": None, "timing_warmup": 1,

@@ -174,6 +174,10 @@ SWEEPS: dict[str, Sweep] = {s.name: s for s in (
           reference=lambda base: "pad-max"),
     Sweep("compile-mode", "torch.compile mode (JAX: jax.jit, which has no modes)", _compile_mode_values,
           _compile_mode, reference=lambda base: "eager"),
+    Sweep("compile-scope", "what compilation covers, in both frameworks: eager / the model (forward and backward; the "
+          "update op by op) / the whole step (the optimizer's update too)", _fixed("eager", "model", "step"),
+          lambda value, base, framework: {"compile": "eager"} if value == "eager" else
+          {"compile": "compiled", "compile_scope": value}, reference=lambda base: "eager"),
     Sweep("xla-flags", "XLA_FLAGS of the JAX side (XLA:CPU switches; 'default': none); torch is not run",
           lambda base, cuda: list(XLA_CPU_CANDIDATES), _xla_flags,
           reference=lambda base: "default"),
