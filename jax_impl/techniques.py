@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from common.applicability import no_effect_notes
 from common.config import RunConfig
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16, "fp64": jnp.float64}
@@ -37,20 +38,7 @@ def compile_seconds() -> float:
 def apply_flags(config: RunConfig) -> list[str]:
     """Sets JAX's default matmul precision explicitly (its GPU default is not full fp32); returns notes."""
     jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[config.matmul_precision])
-    notes = []
-    platform = jax.devices()[0].platform
-    if platform == "cpu" and config.matmul_precision != "highest":
-        notes.append(f"matmul_precision={config.matmul_precision}: no effect here (XLA:CPU multiplies fp32 in fp32)")
-    if config.cudnn_benchmark:
-        notes.append("cudnn_benchmark: a torch flag; XLA autotunes convolutions itself")
-    if config.pin_mem:
-        notes.append("pin_mem: a torch flag; the JAX analogue is device_prefetch")
-    if config.channels_last:
-        notes.append("channels_last: a torch flag; Flax is NHWC already")
-    if config.compile_dynamic != "default":
-        notes.append(f"compile_dynamic={config.compile_dynamic}: a torch.compile setting; jax.jit compiles a program "
-                     f"per input shape (bucketing is how JAX bounds them)")
-    return notes
+    return no_effect_notes(config, "jax", jax.devices()[0].platform)  # the one table of both frameworks
 
 
 def compute_dtype(config: RunConfig) -> Any:

@@ -101,3 +101,37 @@ def test_target_flags_and_synthetic_data():
     assert RunConfig.from_dict({"target_accuracy": 1}).target_accuracy == 1.0
     with pytest.raises(ConfigError, match="target_accuracy needs real labels"):
         RunConfig(source="synthetic", target_accuracy=0.5)
+
+
+def test_no_effect_notes_of_both_frameworks_come_from_one_table():
+    """Issue 27: a setting one framework ignores is noted in that framework's rows, whichever it is; every knob
+    declared for one framework only has its reason in the table; both frameworks' flags return the table's notes."""
+    from dataclasses import fields
+
+    from common.applicability import TABLE, no_effect_notes
+    from common.config import knob_of
+
+    by_field = {rule.field: rule for rule in TABLE}
+    for f in fields(RunConfig):
+        only = knob_of(f).frameworks
+        if len(only) == 1 and not f.name.startswith(("fail_", "inject_")):
+            other = {"torch": "jax", "jax": "torch"}[only[0]]
+            assert f.name in by_field and other in by_field[f.name].elsewhere, f.name
+    config = RunConfig(cudnn_benchmark=True, pin_mem=True, device_prefetch=2, xla_flags="--xla_cpu_use_onednn=true",
+                       torchcompile_mode="max-autotune", matmul_precision="high")
+    torch_notes, jax_notes = no_effect_notes(config, "torch", "cpu"), no_effect_notes(config, "jax", "cpu")
+    assert any(n.startswith("device_prefetch=2: no effect in torch") for n in torch_notes)
+    assert any(n.startswith("xla_flags=") and "no effect in torch" in n for n in torch_notes)
+    assert any(n.startswith("torchcompile_mode=max-autotune: no effect in jax") for n in jax_notes)
+    assert any(n.startswith("cudnn_benchmark=True: no effect here (no CUDA device)") for n in torch_notes)
+    assert any(n.startswith("matmul_precision=high: no effect here") for n in jax_notes + torch_notes)
+    assert not any("cudnn_benchmark" in n for n in no_effect_notes(config, "torch", "cuda"))
+    import torch
+
+    from jax_impl.techniques import apply_flags as jax_flags
+    from torch_impl.techniques import apply_flags as torch_flags
+
+    assert torch_flags(config, torch.device("cpu")) == torch_notes
+    assert jax_flags(config) == jax_notes
+    torch_flags(RunConfig(), torch.device("cpu"))
+    jax_flags(RunConfig())  # the process-wide flags back to the defaults

@@ -52,8 +52,6 @@ class Backend:
         self.replica = parallel.start(config)
         self.device_ = parallel.device_for(self.replica)
         notes = apply_flags(config, self.device_)
-        if config.processes > 1:
-            notes.append(f"processes={config.processes}: no effect on torch, which runs one DDP process per device")
         # Data-parallel replicas read their slices of the global batch; pipeline stages all read the whole batch
         # (the first stage uses the images, the last the labels).
         pipelined = config.pipeline_stages > 1

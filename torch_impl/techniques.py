@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from common.applicability import no_effect_notes
 from common.config import RunConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -21,22 +22,7 @@ def apply_flags(config: RunConfig, device: torch.device) -> list[str]:
     torch.backends.cuda.matmul.allow_tf32 = config.matmul_precision != "highest"
     torch.backends.cudnn.allow_tf32 = config.matmul_precision != "highest"
     torch.backends.cudnn.benchmark = config.cudnn_benchmark
-    notes = [f"xla_flags={config.xla_flags!r}: a JAX flag, no effect in torch"] if config.xla_flags else []
-    if config.remat_plan and config.remat_policy != "nothing_saveable":
-        notes.append(f"remat_policy={config.remat_policy}: a jax.checkpoint policy; torch's checkpoint recomputes "
-                     f"everything inside the region (nothing_saveable)")
-    if config.compile_dynamic != "default" and config.compile != "compiled":
-        notes.append(f"compile_dynamic={config.compile_dynamic}: no effect on an uncompiled run")
-    if device.type != "cuda":
-        if config.cudnn_benchmark:
-            notes.append("cudnn_benchmark: no effect here (no CUDA device)")
-        if config.matmul_precision != "highest":
-            notes.append(f"matmul_precision={config.matmul_precision}: no TF32 here (no CUDA device)")
-        if config.pin_mem:
-            notes.append("pin_mem: no effect here (no CUDA device)")
-        if config.channels_last:
-            notes.append("channels_last on CPU: layout changes, no tensor cores to feed")
-    return notes
+    return no_effect_notes(config, "torch", device.type)  # the one table of both frameworks
 
 
 # --compile-dynamic -> torch.compile's dynamic argument (mark: the default, plus mark_dynamic on every batch)
