@@ -22,7 +22,7 @@ from jax_impl import checkpoint as ckpt
 from jax_impl import parallel, pipeline
 from jax_impl.data import make_loader
 from jax_impl.profiling import StepProfiler
-from jax_impl.techniques import LossScale, apply_flags, compile_seconds
+from jax_impl.techniques import LossScale, apply_flags, compile_count, compile_seconds
 from jax_impl.train import (
     TrainState,
     evaluate,
@@ -98,7 +98,7 @@ class Backend:
         if config.pipeline_stages > 1:
             state = pipeline.place(mesh, state)
         self.state = self.whole = state
-        self.compile_s_before = compile_seconds()
+        self.compile_s_before, self.step_compiles = compile_seconds(), 0
         return start, notes
 
     def to_device(self, group: Sequence[Batch]) -> Sequence[Batch]:
@@ -107,6 +107,7 @@ class Backend:
     def step(self, group: Sequence[Batch], inject_inf: bool) -> float:
         inject = jnp.asarray(inject_inf)
         losses = []
+        compiled_before = compile_count()
         for images, labels in group:  # with k > 1, optax.MultiSteps updates on the k-th micro-batch
             if self.data_parallel is not None:
                 images, labels = self.data_parallel.place_batch(images, labels)
@@ -115,6 +116,7 @@ class Backend:
             else:
                 self.state, loss = self.step_fn(self.state, images, labels, inject)
             losses.append(loss)
+        self.step_compiles += compile_count() - compiled_before  # programs built by the step calls (pmap's count)
         # summed on the host: a device add of a Python float would compile a program of its own
         return float(np.sum(jax.device_get(jax.block_until_ready(losses)), dtype=np.float64)) / len(group)
 
@@ -134,8 +136,10 @@ class Backend:
 
     def memory(self, first: Sequence[Batch]) -> Memory:
         values: dict[str, Any] = {}
-        if self.data_parallel is None:  # both frameworks measure the single-device step
-            values["saved_for_backward_bytes"] = measure_saved_bytes(self.config, self.model, self.whole, *first[0])
+        # one replica's micro-batch, as torch's DDP replica measures its own (the first group is the global batch)
+        images, labels = (x[: self.config.batch_size] for x in first[0])
+        values["saved_for_backward_bytes"] = measure_saved_bytes(self.config, self.model, self.whole, images, labels)
+        if self.data_parallel is None:  # XLA's analysis of the single-device step's program
             if self.config.compile == "compiled" and self.config.compile_scope == "step":  # else no whole-step program
                 values.update(measure_xla_memory(self.step_fn, self.whole, *first[0]))
         stats = jax.local_devices()[0].memory_stats() or {}
@@ -150,8 +154,9 @@ class Backend:
         save_torch_keyed(path, flax_to_torch({"params": self.whole.params, "batch_stats": self.whole.batch_stats}))
 
     def compilation(self) -> Compilation:
-        cache_size = getattr(self.step_fn, "_cache_size", None)  # jit's count of compiled shapes (pmap has none)
-        return Compilation(graphs=cache_size() if cache_size else 0,
+        # jit's count of compiled shapes; pmap has no jit cache: the programs its calls compiled
+        cache_size = getattr(self.step_fn, "_cache_size", None)
+        return Compilation(graphs=cache_size() if cache_size else self.step_compiles,
                            seconds=compile_seconds() - self.compile_s_before)
 
     def finish(self, clean: bool) -> None:

@@ -20,14 +20,33 @@ MATMUL_PRECISION = {"highest": "float32", "high": "tensorfloat32", "medium": "bf
 COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
                   "/jax/core/compile/backend_compile_duration")
 _compile_s = [0.0]
+_backend_compiles = [0]
 
 
 def _count_compile(event: str, duration_s: float, **_: Any) -> None:
     if event in COMPILE_EVENTS:
         _compile_s[0] += duration_s
+    if event == COMPILE_EVENTS[-1]:
+        _backend_compiles[0] += 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def _count_cache_hit(event: str, **_: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":  # a program read from the persistent cache: built all the same
+        _backend_compiles[0] += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hit)
+
+
+def compile_count() -> int:
+    """Programs XLA has compiled in this process (every jit, pmap and op-by-op program): the count a function
+    without a jit cache of its own (pmap's) is read from, around its calls."""
+    return _backend_compiles[0]
+
+
 
 
 def compile_seconds() -> float:

@@ -204,8 +204,12 @@ def measure_saved_bytes(config: RunConfig, model: Model, state: TrainState, imag
                                 mutable=["batch_stats"])
         return loss_fn(config, logits, labels, model.arch.num_classes)
 
+    # BatchNorm synchronised across replicas (shard_map, pmap) averages over a named axis: traced here under a vmap
+    # of one that names it, which adds nothing to what is saved
+    axis = parallel.bn_axis_name(config)
+    traced = loss if axis is None else (lambda p: jax.vmap(loss, in_axes=None, axis_size=1, axis_name=axis)(p)[0])
     # Saved weights count too, as they do in torch's hooks.
-    return int(sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in saved_residuals(loss, state.params)))
+    return int(sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in saved_residuals(traced, state.params)))
 
 
 def measure_xla_memory(step_fn: StepFn, state: TrainState, images: jax.Array, labels: jax.Array) -> dict[str, int]:
