@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from common.arch import NORMS, STEMS
-from common.arch_vit import ATTENTION_KERNELS, POOLS
+from common.arch_encoder import ATTENTION_KERNELS, POOLS
 from common.data.sources import KNOWN_SOURCES
 from common.data.text import BATCHINGS, parse_buckets
 from common.errors import ConfigError

@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from common.arch import FAMILY, parse_remat_stages, resnet
-from common.arch_text import TEXT_FAMILY, text
-from common.arch_vit import VIT_FAMILY, parse_remat, vit
+from common.arch_encoder import TEXT_FAMILY, VIT_FAMILY, parse_remat, text, vit
 from common.errors import ConfigError
 
 if TYPE_CHECKING:  # config imports this module for its model names (annotations only here)
@@ -99,7 +98,7 @@ WORKLOADS: dict[str, Workload] = {
     "vit": Workload("vit", tuple(VIT_FAMILY), LOSS, _vit,
                     remat=_transformer_remat, remat_choices=_transformer_remat_choices, pipeline=False, attention=True,
                     summary=_vit_summary, no_inference=VIT_NO_INFERENCE),
-    # the same encoder blocks on variable-length byte tokens with a padding mask (common/arch_text.py)
+    # the same encoder blocks on variable-length byte tokens with a padding mask (common/arch_encoder.py)
     "text": Workload("text", tuple(TEXT_FAMILY), LOSS, _text, remat=_transformer_remat,
                      remat_choices=_transformer_remat_choices, pipeline=False, attention=True, summary=_text_summary,
                      no_inference={"folded": VIT_NO_INFERENCE["folded"].replace("a ViT", "a text encoder")},
