@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from common.arch import BlockSpec, ResNetArch, group_count
-from common.errors import UnknownFamily
 from common.model_options import DEFAULT_OPTIONS, ModelOptions
+from common.registry import Registry
 from jax_impl import transformer
 
 BN_EPS = 1e-5
@@ -237,21 +237,13 @@ def resnet(arch: ResNetArch, options: ModelOptions = DEFAULT_OPTIONS) -> ResNet:
                   checkpoint_policy=options.remat_policy, bn_axis_name=options.bn_axis_name)
 
 
-Builder = Callable[[Any, ModelOptions], nn.Module]
-# family -> its builder, all of one signature; a workload from outside the repository adds its own (``register``)
-MODELS: dict[str, Builder] = {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model}
-
-
-def register(family: str, builder: Builder) -> None:
-    MODELS[family] = builder
+# family -> its builder, all of one signature; a workload from outside the repository adds its own
+MODELS = Registry("Flax", {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model})
 
 
 def make_model(arch: Any, options: ModelOptions = DEFAULT_OPTIONS) -> nn.Module:
     """The Flax model of ``arch``'s family, set up with the run's ``options``."""
-    if arch.family not in MODELS:
-        raise UnknownFamily(f"no Flax model is registered for the family '{arch.family}' ({arch.name}); known: "
-                            f"{', '.join(MODELS)}")
-    return MODELS[arch.family](arch, options)
+    return MODELS.build(arch, options)
 
 
 def init_variables(model: Any, key: jax.Array, image_size: int = 32) -> dict[str, Any]:

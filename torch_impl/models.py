@@ -5,7 +5,7 @@ weights transfer one-to-one to the Flax twin."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from common.arch import BlockSpec, ResNetArch, group_count
-from common.errors import UnknownFamily
 from common.model_options import DEFAULT_OPTIONS, ModelOptions
+from common.registry import Registry
 from torch_impl import transformer
 
 BN_EPS = 1e-5
@@ -162,18 +162,10 @@ def resnet(arch: ResNetArch, options: ModelOptions = DEFAULT_OPTIONS) -> ResNet:
     return model
 
 
-Builder = Callable[[Any, ModelOptions], nn.Module]
-# family -> its builder, all of one signature; a workload from outside the repository adds its own (``register``)
-MODELS: dict[str, Builder] = {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model}
-
-
-def register(family: str, builder: Builder) -> None:
-    MODELS[family] = builder
+# family -> its builder, all of one signature; a workload from outside the repository adds its own
+MODELS = Registry("torch", {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model})
 
 
 def make_model(arch: Any, options: ModelOptions = DEFAULT_OPTIONS) -> nn.Module:
     """The torch model of ``arch``'s family, set up with the run's ``options``."""
-    if arch.family not in MODELS:
-        raise UnknownFamily(f"no torch model is registered for the family '{arch.family}' ({arch.name}); known: "
-                            f"{', '.join(MODELS)}")
-    return MODELS[arch.family](arch, options)
+    return MODELS.build(arch, options)
