@@ -238,7 +238,7 @@ def resnet(arch: ResNetArch, options: ModelOptions = DEFAULT_OPTIONS) -> ResNet:
 
 
 # family -> its builder, all of one signature; a workload from outside the repository adds its own
-MODELS = Registry("Flax", {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model})
+MODELS = Registry("jax", {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model})
 
 
 def make_model(arch: Any, options: ModelOptions = DEFAULT_OPTIONS) -> nn.Module:

@@ -35,6 +35,10 @@ def conv_flops(in_channels: int, out_channels: int, size: int, kernel: int, stri
     return 2 * in_channels * out_channels * taps_per_axis(size, kernel, stride, padding, count_padding) ** 2
 
 
+class NoFlopCount(ValueError):
+    """A family this module has no analytic count for (a workload from outside the repository): "not measured"."""
+
+
 def forward_flops(arch: ResNetArch | EncoderArch, image_size: int = 32, batch_size: int = 1,
                   count_padding: bool = True) -> int:
     """Forward FLOPs for ``batch_size`` images of image_size x image_size, of either family (``count_padding``
@@ -43,7 +47,7 @@ def forward_flops(arch: ResNetArch | EncoderArch, image_size: int = 32, batch_si
         return transformer_flops(replace(arch, image_size=image_size)) * batch_size
     if arch.family == "resnet":
         return resnet_flops(arch, image_size, count_padding) * batch_size
-    raise ValueError(f"no FLOP count for the model family '{arch.family}'")
+    raise NoFlopCount(f"no FLOP count for the model family '{arch.family}'")
 
 
 def resnet_flops(arch: ResNetArch, image_size: int, count_padding: bool = True) -> int:
