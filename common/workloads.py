@@ -224,6 +224,9 @@ def load_workload(spec: str) -> Workload:
         raise ConfigError(f"the workload {spec} minimises '{workload.loss}'; both trainers minimise {LOSS} only")
     if workload.torch_model is None and workload.flax_model is None:
         raise ConfigError(f"the workload {spec} provides neither a torch nor a Flax model")
+    if clash := next((other.spec for other in EXTERNAL.values() if other.family == workload.family), None):
+        raise ConfigError(f"the workload {spec} takes the family '{workload.family}' of {clash}, loaded before: the "
+                          f"registries find a builder by family, so give each workload its own")
     EXTERNAL[spec] = dataclasses.replace(workload, models=(spec,), spec=spec)
     return EXTERNAL[spec]
 
@@ -248,7 +251,12 @@ def workload_for(model: str) -> Workload:
 
 def arch(config: RunConfig, num_classes: int) -> Any:
     """The architecture description of ``config``'s model with ``num_classes`` outputs (from its data)."""
-    return workload_for(config.model).describe(config, num_classes)
+    workload = workload_for(config.model)
+    description = workload.describe(config, num_classes)
+    if description.family != workload.family:  # the registries build by the description's family
+        raise ConfigError(f"{config.model} describes a model of the family '{description.family}', not its "
+                          f"workload's '{workload.family}'")
+    return description
 
 
 def open_sources(config: RunConfig) -> tuple[Source, Source]:
