@@ -65,11 +65,6 @@ class ResNetArch:
     int8 = "static"
     int4 = False  # INT4 weight-only is measured on the text encoder only
 
-    @property
-    def folds_batchnorm(self) -> bool:
-        """Whether inference can fold its norms into the convolutions before them (BatchNorm; not GroupNorm)."""
-        return self.norm == "batch"
-
     def example(self, batch: int, image_size: int) -> np.ndarray:
         """An input of the model's kind (only its shape and dtype matter): what a builder initialises from."""
         return np.zeros((batch, image_size, image_size, 3), np.float32)

@@ -67,7 +67,6 @@ class EncoderArch:
     # INT8: dynamic quantization of the Linear layers, a transformer's compute. FX static quantization traces the
     # model, and torch.fx cannot trace the fp32 LayerNorm (its torch.autocast(x.device.type) guard).
     int8 = "dynamic"
-    folds_batchnorm = False  # LayerNorms normalise each token by its own statistics: nothing to fold
 
     def __post_init__(self) -> None:
         if self.inputs not in INPUTS:

@@ -48,7 +48,6 @@ class Description(Protocol):
     attention: bool  # whether --attention chooses a kernel in it
     int8: str  # torch's INT8 method: "static" (FX, calibrated) or "dynamic" (the Linear layers)
     int4: bool  # whether INT4 weight-only is measured on it
-    folds_batchnorm: bool  # whether inference folds its BatchNorms into the convolutions before them
 
     def example(self, batch: int, image_size: int) -> np.ndarray: ...
 

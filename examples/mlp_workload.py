@@ -38,7 +38,6 @@ class MlpArch:
     attention = False
     int8 = "dynamic"  # its compute is its Linear layers
     int4 = False
-    folds_batchnorm = False
 
     def example(self, batch: int, image_size: int) -> np.ndarray:
         return np.zeros((batch, image_size, image_size, 3), np.float32)
