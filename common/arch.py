@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from common.errors import ConfigError
 
 # name -> (block kind, blocks per stage)
@@ -55,7 +57,15 @@ class ResNetArch:
     norm: str = "batch"
     blocks: tuple[BlockSpec, ...] = field(init=False, repr=False)
 
-    family = "resnet"  # the key each framework builds its model by (common/workloads.py)
+    family = "resnet"  # the key each framework's registry builds by (torch_impl/models.py, jax_impl/models.py)
+    # What differs by family, read by the frameworks instead of the family's name:
+    inputs = "images"  # NHWC float images ("tokens": int token ids with a padding mask)
+    attention = False  # whether --attention chooses a kernel in it
+    int4 = False  # INT4 weight-only is measured on the text encoder only
+
+    def example(self, batch: int, image_size: int) -> np.ndarray:
+        """An input of the model's kind (only its shape and dtype matter): what a builder initialises from."""
+        return np.zeros((batch, image_size, image_size, 3), np.float32)
 
     def __post_init__(self) -> None:
         if self.stem not in STEMS:
@@ -111,7 +121,7 @@ def group_count(channels: int) -> int:
 
 def parse_remat_stages(text: str) -> tuple[int, ...]:
     """The stages (1..4) whose activations are recomputed in the backward pass: ``none``, ``all`` or stage numbers
-    like ``2,3`` (the transformer's counterpart is common/arch_vit.py's ``parse_remat``)."""
+    like ``2,3`` (the transformer's counterpart is common/arch_encoder.py's ``parse_remat``)."""
     plain = text.strip().lower()
     if plain in ("none", ""):
         return ()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from common.arch import NORMS, STEMS
-from common.arch_vit import ATTENTION_KERNELS, POOLS
+from common.arch_encoder import ATTENTION_KERNELS, POOLS
 from common.data.sources import KNOWN_SOURCES
 from common.data.text import BATCHINGS, parse_buckets
 from common.errors import ConfigError
@@ -127,7 +127,8 @@ class RunConfig:
                          choices=BATCHINGS)
     buckets: str = knob("pow2", "text: bucket sizes, pow2 (16, 32, 64 ... max_len) or N (multiples of N)", "data")
     # model
-    model: str = knob("resnet18", "architecture", "model", choices=known_models)
+    model: str = knob("resnet18", "architecture, or a workload from outside the repository (module:NAME, "
+                            "path/to/file.py:NAME)", "model", choices=known_models)
     stem: str = knob("cifar", "cifar: 3x3 conv; imagenet: 7x7 conv + max-pool", "model", choices=STEMS)
     width: float = knob(0.25, "channel multiplier of the ResNet (a ViT's width is its name's: vit-micro 64, vit-tiny "
                         "192, vit-s 384)", "model", bounds=Bounds(0, 8, low_open=True))

@@ -11,3 +11,7 @@ class DataError(TwinrunError):
 
 class ConfigError(TwinrunError):
     """A run configuration names an unknown option or an impossible combination."""
+
+
+class UnknownFamily(ConfigError):
+    """A description whose family no model builder of a framework is registered for."""

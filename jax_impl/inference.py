@@ -25,8 +25,8 @@ from jax_impl.train import make_model as make_train_model
 Predict = Callable[[np.ndarray], np.ndarray]
 
 # INT4 weight-only, torch_impl/inference.py's twin: qwix (Google's JAX quantization library) post-training
-# quantization of every dot's weight to int4, one scale per INT4_GROUP input channels; the text encoder only.
-INT4_FAMILIES = ("text",)
+# quantization of every dot's weight to int4, one scale per INT4_GROUP input channels; where the description says
+# ``int4`` (the text encoder).
 INT4_GROUP = 32
 QWIX_PIP = "pip install qwix==0.1.8"  # the version checked against jax 0.10.2 / flax 0.12.8 on this CPU
 
@@ -108,9 +108,7 @@ def compile_counts(predict: Predict) -> dict[str, int]:
 
 
 def _example(config: RunConfig, arch: Any) -> jax.Array:
-    if arch.family == "text":
-        return jnp.ones((1, arch.max_len), jnp.int32)
-    return jnp.zeros((1, config.image_size, config.image_size, 3), jnp.float32)
+    return jnp.asarray(arch.example(1, config.image_size))
 
 
 def _inference_model(config: RunConfig, arch: Any, dtype: str, folded: bool) -> Model:
@@ -167,8 +165,8 @@ def _ptq(qwix: Any, model: Model, rule: Any, config: RunConfig, arch: Any, varia
 
 def _int4(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
     """qwix PTQ: each weight int4 with per-group scales, the activations fp32. Raises Unavailable without qwix."""
-    if arch.family not in INT4_FAMILIES:
-        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.family}: not here)")
+    if not arch.int4:
+        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.name}: not here)")
     qwix = _qwix()
     model = _inference_model(config, arch, "fp32", folded=False)
     rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int4, tile_size=INT4_GROUP)
@@ -191,7 +189,7 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
         # operation dispatched on its own, JAX's and Flax's own jitted helpers kept whole (not jax.disable_jit)
         return _host(forward), f"un-jitted call (op by op) fp32 on {device}"
     if name == "compiled":
-        per_shape = ": one program per padded length" if arch.family == "text" else ""
+        per_shape = ": one program per padded length" if arch.inputs == "tokens" else ""
         return _host(jax.jit(forward)), f"jax.jit fp32 on {device}{per_shape}"
     if name == "folded":
         if not variables.get("batch_stats"):

@@ -1,4 +1,5 @@
-"""ResNets built from ``common.arch`` in Flax, matching torch_impl/models.py operation for operation.
+"""The family registry (``make_model(arch, options)``, one signature for every family, torch_impl/models.py's twin)
+and the ResNets built from ``common.arch`` in Flax, matching torch_impl/models.py operation for operation.
 
 API choice: Flax **Linen**, not NNX. Linen keeps the model pure: variables are an explicit pytree
 ``{"params", "batch_stats"}`` that maps one-to-one onto a torch state_dict (the weight transfer is a
@@ -24,6 +25,9 @@ import jax
 import jax.numpy as jnp
 
 from common.arch import BlockSpec, ResNetArch, group_count
+from common.model_options import DEFAULT_OPTIONS, ModelOptions
+from common.registry import Registry
+from jax_impl import transformer
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9  # Flax convention: decay of the running statistic (torch's 0.1 is 1 - 0.9)
@@ -104,7 +108,7 @@ class GroupNorm(nn.Module):
         return norm(x.astype(stats_dtype)).astype(self.dtype or x.dtype)
 
 
-class ModelOptions(nn.Module):
+class LayerOptions(nn.Module):
     """Shared fields of every module below (compute dtype, norm kind, train mode, BN axis)."""
 
     norm: str = "batch"
@@ -127,7 +131,7 @@ class ModelOptions(nn.Module):
                        use_bias=False, kernel_init=conv_init, dtype=self.dtype, param_dtype=jnp.float32, name=name)
 
 
-class _Block(ModelOptions):
+class _Block(LayerOptions):
     """Fields and shortcut shared by both block kinds (torch_impl's ``_downsample``)."""
 
     spec: BlockSpec = None  # type: ignore[assignment]
@@ -225,18 +229,24 @@ def _norm(kind: str, train: bool, dtype: Any, axis_name: str | None, name: str) 
     return BatchNorm(use_running_average=not train, dtype=dtype, axis_name=axis_name, name=name)
 
 
-def make_model(arch: ResNetArch, dtype: Any = jnp.float32, checkpoint_stages: Sequence[int] = (),
-               checkpoint_policy: str = "nothing_saveable", bn_axis_name: str | None = None) -> ResNet:
-    if not hasattr(jax.checkpoint_policies, checkpoint_policy):
+def resnet(arch: ResNetArch, options: ModelOptions = DEFAULT_OPTIONS) -> ResNet:
+    if not hasattr(jax.checkpoint_policies, options.remat_policy):
         known = [n for n in dir(jax.checkpoint_policies) if not n.startswith("_")]
-        raise ValueError(f"unknown checkpoint policy '{checkpoint_policy}'; known: {', '.join(known)}")
-    return ResNet(arch, dtype=dtype, checkpoint_stages=frozenset(checkpoint_stages),
-                  checkpoint_policy=checkpoint_policy, bn_axis_name=bn_axis_name)
+        raise ValueError(f"unknown checkpoint policy '{options.remat_policy}'; known: {', '.join(known)}")
+    return ResNet(arch, dtype=jnp.dtype(options.dtype), checkpoint_stages=frozenset(options.remat),
+                  checkpoint_policy=options.remat_policy, bn_axis_name=options.bn_axis_name)
+
+
+# family -> its builder, all of one signature; a workload from outside the repository adds its own
+MODELS = Registry("jax", {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model})
+
+
+def make_model(arch: Any, options: ModelOptions = DEFAULT_OPTIONS) -> nn.Module:
+    """The Flax model of ``arch``'s family, set up with the run's ``options``."""
+    return MODELS.build(arch, options)
 
 
 def init_variables(model: Any, key: jax.Array, image_size: int = 32) -> dict[str, Any]:
-    """The variables of a model of any family, from an example input of its kind (only its shape matters: a text
-    encoder's position table has max_len rows whatever the example's length)."""
-    if model.arch.family == "text":
-        return model.init(key, jnp.ones((1, 2), jnp.int32), train=False)  # [CLS] and one token: no text is empty
-    return model.init(key, jnp.zeros((1, image_size, image_size, 3), jnp.float32), train=False)
+    """The variables of a model of any family, from an example input of its description's kind (only its shape
+    matters: a text encoder's position table has max_len rows whatever the example's length)."""
+    return model.init(key, jnp.asarray(model.arch.example(1, image_size)), train=False)

@@ -13,11 +13,12 @@ import numpy as np
 import optax
 
 from common.config import RunConfig
+from common.model_options import ModelOptions
 from common.schedule import learning_rate
 from common.weights import load_torch_keyed, torch_to_flax
-from jax_impl import parallel, text, transformer
+from jax_impl import models as registry
+from jax_impl import parallel, transformer
 from jax_impl.models import init_variables
-from jax_impl.models import make_model as build_resnet
 from jax_impl.techniques import (
     LossScale,
     all_finite,
@@ -36,17 +37,13 @@ class TrainState(NamedTuple):
 StepFn = Callable[[TrainState, jax.Array, jax.Array, jax.Array], tuple[TrainState, jax.Array]]
 
 
-Model = Any  # a Flax module of one family (jax_impl/models.py, jax_impl/transformer.py)
+Model = Any  # a Flax module of one family (the registry, jax_impl/models.py)
 
 
 def build(config: RunConfig, arch: Any) -> Model:
-    """The model of ``arch``'s family (common/workloads.py) with the run's techniques set on it."""
-    if arch.family in ("vit", "text"):
-        family = transformer if arch.family == "vit" else text
-        return family.make_model(arch, dtype=compute_dtype(config), attention=config.attention,
-                                 remat=config.remat_plan, policy=config.remat_policy)
-    return build_resnet(arch, dtype=compute_dtype(config), checkpoint_stages=config.remat_plan,
-                        checkpoint_policy=config.remat_policy, bn_axis_name=parallel.bn_axis_name(config))
+    """The model of ``arch``'s family (the registry, jax_impl/models.py) with the run's techniques set on it."""
+    options = ModelOptions.of(config, jnp.dtype(compute_dtype(config)).name, parallel.bn_axis_name(config))
+    return registry.make_model(arch, options)
 
 
 def make_model(config: RunConfig, arch: Any) -> tuple[Model, dict[str, Any]]:
@@ -64,7 +61,7 @@ def make_model(config: RunConfig, arch: Any) -> tuple[Model, dict[str, Any]]:
 
 def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
     """Which attention kernel this run's transformer runs (torch_impl/train.py says the same of torch's)."""
-    if arch.family not in ("vit", "text"):
+    if not arch.attention:
         unused = config.attention != "fused"
         return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
     if config.attention == "naive":
@@ -77,7 +74,7 @@ def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
                 "fp32 dot that XLA here cannot compile)"]
     if implementation == "cudnn" and config.precision not in ("bf16", "fp16"):
         implementation = "xla"
-    masked = " with the padding mask" if arch.family == "text" else ""
+    masked = " with the padding mask" if arch.masked else ""
     return [f"attention: fused, jax.nn.dot_product_attention ran its {implementation} implementation{masked}"]
 
 

@@ -1,17 +1,19 @@
-"""The Vision Transformer built from ``common.arch_vit`` in Flax Linen, module for module and name for name with
-torch_impl/transformer.py (layout NHWC in, tokens (batch, tokens, width) inside).
+"""The transformer encoder (the ViT on images, the text encoder on tokens) built from ``common.arch_encoder`` in Flax
+Linen, module for module and name for name with torch_impl/transformer.py (images NHWC in, (batch, tokens, width)
+inside).
 
 Where JAX must say what torch autocast does by itself (the article's mixed-precision rules):
 - LayerNorm: input and ``dtype`` fp32 at least, so its statistics are fp32 whatever the compute dtype
   (``layer_norm`` below).
 - Attention softmax: the scores are cast to fp32 before ``jax.nn.softmax`` (``naive_attention``);
   ``jax.nn.dot_product_attention`` computes its logits and softmax in fp32 by itself (its XLA implementation).
-- The residual stream stays fp32 (position embeddings are fp32; a lower-precision branch output is promoted when
-  added), as in torch.
+- The residual stream stays fp32 (position embeddings are fp32, the token embedding's output dtype is set so: torch's
+  nn.Embedding is not autocast; a lower-precision branch output is promoted when added), as in torch.
 Known traps set explicitly: exact (erf) GELU (``nn.gelu`` defaults to tanh), LayerNorm epsilon from the description.
 
-Attention takes an optional key-padding mask (bool (batch, tokens), True = a real token; jax_impl/text.py passes
-it), as torch_impl's: padded keys get no attention weight, exactly. ``None`` keeps the ViT's unmasked path.
+Attention takes an optional key-padding mask (bool (batch, tokens), True = a real token; token inputs have one), as
+torch_impl's: padded keys get no attention weight, exactly, and the mean pool averages the real tokens only. ``None``
+keeps the ViT's unmasked path.
 """
 
 from __future__ import annotations
@@ -23,10 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from common.arch_text import BlockArch
-from common.arch_vit import RematPlan, TransformerArch
-
-NO_REMAT = RematPlan()
+from common.arch_encoder import PAD_ID, EncoderArch, RematPlan
+from common.model_options import DEFAULT_OPTIONS, ModelOptions
 
 INIT_STD = 0.02
 trunc_init = nn.initializers.truncated_normal(INIT_STD)  # +-2 std, as torch_impl's trunc_normal_(a, b)
@@ -86,7 +86,7 @@ def layer_norm(x: jax.Array, epsilon: float, name: str) -> jax.Array:
 
 
 class Attention(nn.Module):
-    arch: BlockArch
+    arch: EncoderArch
     kernel: str = "fused"
     dtype: Any = jnp.float32
 
@@ -102,7 +102,7 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    arch: BlockArch
+    arch: EncoderArch
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -112,7 +112,7 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    arch: BlockArch
+    arch: EncoderArch
     kernel: str = "fused"
     dtype: Any = jnp.float32
     remat_attention: bool = False
@@ -128,46 +128,61 @@ class Block(nn.Module):
         return x + Mlp(self.arch, self.dtype, name="mlp")(layer_norm(x, eps, "norm2"))
 
 
-def run_blocks(encoder: Any, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-    """The blocks of a VisionTransformer or a TextEncoder (jax_impl/text.py), called inside its compact
-    ``__call__`` so that they are its submodules, named ``blocks_N``: a block in ``remat.blocks`` is recomputed
-    whole, the attention of the others when ``remat.attention``, both with ``policy``. torch_impl/transformer.py's
-    ``EncoderStack.run_blocks`` is the torch side."""
-    policy = getattr(jax.checkpoint_policies, encoder.policy)
-    for index in range(encoder.arch.depth):
-        whole = index in encoder.remat.blocks
-        block = nn.remat(Block, policy=policy) if whole else Block
-        x = block(encoder.arch, encoder.kernel, encoder.dtype, encoder.remat.attention and not whole, encoder.policy,
-                  name=f"blocks_{index}")(x, mask)
-    return x
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """The mean over the real tokens of (batch, tokens, width): padded tokens are multiplied by 0, so they add
+    nothing and receive a gradient of exactly 0."""
+    weights = mask[..., None].astype(x.dtype)
+    return (x * weights).sum(axis=1) / weights.sum(axis=1)
 
 
-class VisionTransformer(nn.Module):
-    """``remat``: whole blocks and/or every block's attention rematerialised (``jax.checkpoint``) with ``policy``,
-    a name from ``jax.checkpoint_policies`` (dots_with_no_batch_dims_saveable keeps the projections and recomputes
-    the scores and softmax)."""
+class Encoder(nn.Module):
+    """The ViT (``arch.inputs`` images) and the text encoder (tokens), torch_impl's ``Encoder``. ``remat``: whole
+    blocks and/or every block's attention rematerialised (``jax.checkpoint``) with ``policy``, a name from
+    ``jax.checkpoint_policies`` (dots_with_no_batch_dims_saveable keeps the projections and recomputes the scores
+    and softmax)."""
 
-    arch: TransformerArch
+    arch: EncoderArch
     dtype: Any = jnp.float32
     kernel: str = "fused"
     remat: RematPlan = RematPlan()
     policy: str = "nothing_saveable"
 
     @nn.compact
-    def __call__(self, images: jax.Array, train: bool = False) -> jax.Array:
+    def __call__(self, inputs: jax.Array, train: bool = False) -> jax.Array:
         del train  # no dropout, no batch statistics: train and eval mode compute the same function
         arch = self.arch
+        x, mask = self.embed(inputs)
+        policy = getattr(jax.checkpoint_policies, self.policy)
+        for index in range(arch.depth):
+            whole = index in self.remat.blocks
+            block = nn.remat(Block, policy=policy) if whole else Block
+            x = block(arch, self.kernel, self.dtype, self.remat.attention and not whole, self.policy,
+                      name=f"blocks_{index}")(x, mask)
+        x = layer_norm(x, arch.norm_eps, "norm")
+        if arch.pool == "cls":
+            pooled = x[:, 0]
+        else:
+            pooled = x.mean(axis=1) if mask is None else masked_mean(x, mask)
+        return _dense(arch.num_classes, self.dtype, "head")(pooled)
+
+    def embed(self, inputs: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """(the residual stream (batch, tokens, width), fp32 at least from here on; the padding mask, or None)."""
+        arch = self.arch
+        if arch.masked:  # int tokens (batch, length), length <= max_len
+            arch.check_input(inputs.shape)
+            stream = jnp.promote_types(self.dtype, jnp.float32)  # fp32, or fp64 in the fp64 parity checks
+            x = nn.Embed(arch.vocab_size, arch.width, dtype=stream, param_dtype=jnp.float32,
+                         embedding_init=trunc_init, name="token_embed")(inputs)
+            pos = self.param("pos_embed", trunc_init, (1, arch.tokens, arch.width), jnp.float32)
+            return x + pos[:, :inputs.shape[1]], inputs != PAD_ID
         x = nn.Conv(arch.width, (arch.patch, arch.patch), strides=(arch.patch, arch.patch), padding="VALID",
                     kernel_init=trunc_init, dtype=self.dtype, param_dtype=jnp.float32, name="patch_embed")(
-            images.astype(self.dtype))
+            inputs.astype(self.dtype))
         x = x.reshape(x.shape[0], -1, arch.width)  # (batch, patches, width), patches row by row as torch's flatten
         if arch.pool == "cls":
             cls = self.param("cls_token", trunc_init, (1, 1, arch.width), jnp.float32)
             x = jnp.concatenate([jnp.broadcast_to(cls.astype(x.dtype), (x.shape[0], 1, arch.width)), x], axis=1)
-        x = x + self.param("pos_embed", trunc_init, (1, arch.tokens, arch.width), jnp.float32)  # fp32 from here on
-        x = layer_norm(run_blocks(self, x), arch.norm_eps, "norm")
-        pooled = x[:, 0] if arch.pool == "cls" else x.mean(axis=1)
-        return _dense(arch.num_classes, self.dtype, "head")(pooled)
+        return x + self.param("pos_embed", trunc_init, (1, arch.tokens, arch.width), jnp.float32), None
 
 
 def _dense(features: int, dtype: Any, name: str) -> nn.Dense:
@@ -175,9 +190,9 @@ def _dense(features: int, dtype: Any, name: str) -> nn.Dense:
                     param_dtype=jnp.float32, name=name)
 
 
-def make_model(arch: TransformerArch, dtype: Any = jnp.float32, attention: str = "fused",
-               remat: RematPlan = NO_REMAT, policy: str = "nothing_saveable") -> VisionTransformer:
-    if not hasattr(jax.checkpoint_policies, policy):
+def make_model(arch: EncoderArch, options: ModelOptions = DEFAULT_OPTIONS) -> Encoder:
+    if not hasattr(jax.checkpoint_policies, options.remat_policy):
         known = [n for n in dir(jax.checkpoint_policies) if not n.startswith("_")]
-        raise ValueError(f"unknown checkpoint policy '{policy}'; known: {', '.join(known)}")
-    return VisionTransformer(arch, dtype=dtype, kernel=attention, remat=remat, policy=policy)
+        raise ValueError(f"unknown checkpoint policy '{options.remat_policy}'; known: {', '.join(known)}")
+    return Encoder(arch, dtype=jnp.dtype(options.dtype), kernel=options.attention, remat=options.remat or RematPlan(),
+                   policy=options.remat_policy)

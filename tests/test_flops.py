@@ -9,6 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.arch import resnet
+from common.model_options import ModelOptions
 from experiments.reporting.flops import forward_flops
 from jax_impl.models import init_variables
 from jax_impl.models import make_model as make_flax
@@ -63,12 +64,12 @@ def test_vit_flops_match_torch_flop_counter(name, pool, attention):
     FlopCounterMode (torch 2.14) has formulas for the CUDA SDPA kernels (flash, memory-efficient, cuDNN) but none
     for the CPU flash kernel (aten._scaled_dot_product_flash_attention_for_cpu) that runs here, so on CPU it counts
     everything but attention's own products; where it does count an SDPA kernel, the total must be ours."""
-    from common.arch_vit import vit
+    from common.arch_encoder import vit
     from experiments.reporting.flops import attention_flops
     from torch_impl.transformer import make_model as make_torch_vit
 
     arch = vit(name, pool=pool)
-    model = make_torch_vit(arch, attention=attention).eval()
+    model = make_torch_vit(arch, ModelOptions(attention=attention)).eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(torch.zeros(2, 3, 32, 32))
     ours = forward_flops(arch, 32, batch_size=2)
@@ -84,7 +85,7 @@ def test_vit_flops_match_xla_cost_analysis(name, pool):
     MLP's hidden activations). The rest (LayerNorm, softmax, bias and residual adds: about 3 flops an element of
     the tensors they touch) is 2.7% of vit-micro's products and 0.8% of vit-tiny's: below 4%, which stays below
     attention's share (14%, 5%), so a count that left attention out fails here."""
-    from common.arch_vit import vit
+    from common.arch_encoder import vit
     from experiments.reporting.flops import attention_flops
     from jax_impl.transformer import make_model as make_flax_vit
 
@@ -93,7 +94,7 @@ def test_vit_flops_match_xla_cost_analysis(name, pool):
         return (analysis[0] if isinstance(analysis, list) else analysis)["flops"]
 
     arch = vit(name, pool=pool)
-    model = make_flax_vit(arch, attention="fused")
+    model = make_flax_vit(arch, ModelOptions(attention="fused"))
     variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), 32))  # shapes: all lower() needs
     xla = flops(lambda v, x: model.apply(v, x), variables, jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32))
     gelu_per_element = flops(lambda h: jax.nn.gelu(h, approximate=False), jnp.zeros(1000)) / 1000
@@ -107,7 +108,7 @@ def test_vit_flops_match_xla_cost_analysis(name, pool):
 def test_vit_flops_dispatch_and_scaling():
     """train_step_flops takes any family (the report's MFU column calls it so); the count is per image times the
     batch; the image size sets the token count, and attention grows with its square."""
-    from common.arch_vit import vit
+    from common.arch_encoder import vit
     from experiments.reporting.flops import attention_flops, train_step_flops
 
     arch = vit("vit-s", pool="mean")

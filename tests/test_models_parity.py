@@ -10,6 +10,7 @@ import torch
 import torchvision
 
 from common.arch import resnet
+from common.model_options import ModelOptions
 from common.weights import flax_to_torch, torch_to_flax
 from experiments.execution.parity import (
     TOLERANCES,
@@ -127,7 +128,7 @@ def test_channels_last_gives_the_same_logits():
     torch.manual_seed(0)
     plain = make_torch(arch).eval()
     torch.manual_seed(0)
-    channels_last = make_torch(arch, channels_last=True).eval()
+    channels_last = make_torch(arch, ModelOptions(channels_last=True)).eval()
     x = torch.randn(4, 3, 32, 32)
     with torch.no_grad():
         got = channels_last(x.to(memory_format=torch.channels_last))

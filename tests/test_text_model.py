@@ -1,6 +1,7 @@
-"""The text encoder twins (torch_impl/text.py, jax_impl/text.py) compute the same thing, and their padding mask is
-exact: how much padding follows a sequence changes neither its logits nor anything's gradient, padded positions
-receive no gradient at all, and both attention kernels and gradient checkpointing agree with the mask on."""
+"""The text encoder twins (torch_impl/transformer.py, jax_impl/transformer.py on token inputs) compute the same
+thing, and their padding mask is exact: how much padding follows a sequence changes neither its logits nor anything's
+gradient, padded positions receive no gradient at all, and both attention kernels and gradient checkpointing agree
+with the mask on."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from test_transformer import KERNELS, PLANS, POOLS
 
-from common.arch_text import CLS_ID, PAD_ID, TEXT_FAMILY, VOCAB_SIZE, TextArch, text
-from common.arch_vit import RematPlan
+from common.arch_encoder import CLS_ID, PAD_ID, TEXT_FAMILY, VOCAB_SIZE, EncoderArch, RematPlan, text
 from common.errors import ConfigError
+from common.model_options import ModelOptions
 from common.weights import flax_to_torch, torch_to_flax
 from experiments.execution.parity import (
     TOLERANCES,
@@ -28,15 +29,16 @@ from experiments.execution.parity import (
     load_flax_into_torch,
     max_relative_difference,
 )
-from jax_impl import text as flax_text
-from torch_impl import text as torch_text
+from jax_impl import transformer as flax_text
+from jax_impl.models import init_variables
+from torch_impl import transformer as torch_text
 
 LENGTHS = (6, 20, 1, 13)  # real tokens per row, the class token included; 1: the class token alone
 EXTRA = 17  # more padding, the same sequences
 CLASSES = 4
 
 
-def micro(pool: str = "cls") -> TextArch:
+def micro(pool: str = "cls") -> EncoderArch:
     return text("text-micro", num_classes=CLASSES, max_len=48, pool=pool)
 
 
@@ -51,23 +53,23 @@ def _batch(extra: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return tokens, rng.integers(0, CLASSES, size=len(LENGTHS))
 
 
-def _torch_model(arch: TextArch, seed: int = 0, **kwargs) -> torch_text.TextEncoder:
+def _torch_model(arch: EncoderArch, seed: int = 0, **kwargs) -> torch_text.Encoder:
     torch.manual_seed(seed)
-    return torch_text.make_model(arch, **kwargs)
+    return torch_text.make_model(arch, ModelOptions(**kwargs))
 
 
 @cache
-def flax_template(arch: TextArch) -> dict:
+def flax_template(arch: EncoderArch) -> dict:
     """Shapes and dtypes of Flax's variables (no compiled init: the values come from torch)."""
-    return jax.eval_shape(lambda: flax_text.init_variables(flax_text.make_model(arch), jax.random.key(0)))
+    return jax.eval_shape(lambda: init_variables(flax_text.make_model(arch), jax.random.key(0)))
 
 
-def torch_weights_for_flax(model: torch.nn.Module, arch: TextArch, dtype=np.float32) -> dict:
+def torch_weights_for_flax(model: torch.nn.Module, arch: EncoderArch, dtype=np.float32) -> dict:
     template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype), flax_template(arch))
     return torch_to_flax(model.state_dict(), template)
 
 
-def _torch_quantities(model: torch_text.TextEncoder, tokens: np.ndarray, labels: np.ndarray) -> Quantities:
+def _torch_quantities(model: torch_text.Encoder, tokens: np.ndarray, labels: np.ndarray) -> Quantities:
     x = torch.from_numpy(tokens)
     model.eval()
     with torch.no_grad():
@@ -90,7 +92,7 @@ def paired(pool: str, kernel: str, float64: bool) -> tuple[Quantities, Quantitie
     torch_side = _torch_quantities(_torch_model(arch, attention=kernel).to(torch.from_numpy(np.zeros(0, dtype)).dtype),
                                    tokens, labels)
     with jax.enable_x64(float64), jax.default_matmul_precision("highest"):
-        model = flax_text.make_model(arch, dtype=jnp.dtype(dtype), attention=kernel)
+        model = flax_text.make_model(arch, ModelOptions(dtype=jnp.dtype(dtype).name, attention=kernel))
         variables = torch_weights_for_flax(_torch_model(arch), arch, dtype)
         flax_side = _flax_quantities(model, variables, tokens.astype(np.int32), labels)
     return torch_side, flax_side
@@ -136,7 +138,8 @@ def test_more_padding_leaves_logits_unchanged(pool, dtype):
         assert max_relative_difference(long, short) <= PADDING_TOLERANCE[dtype], ("torch", kernel)
     with jax.enable_x64(dtype == np.float64):
         variables = torch_weights_for_flax(_torch_model(arch), arch, dtype)
-        models = {kernel: flax_text.make_model(arch, dtype=jnp.dtype(dtype), attention=kernel) for kernel in KERNELS}
+        models = {kernel: flax_text.make_model(arch, ModelOptions(dtype=jnp.dtype(dtype).name, attention=kernel))
+                  for kernel in KERNELS}
         # one jit for every case: one compilation
         logits = jax.jit(lambda v: {(k, e): models[k].apply(v, jnp.asarray(b, jnp.int32))
                                     for k in KERNELS for e, b in batches.items()})(variables)
@@ -187,7 +190,8 @@ def test_padding_receives_no_gradient_jax(pool):
             return out + delta if is_embed else out
 
         with fnn.intercept_methods(add_delta):
-            logits = flax_text.make_model(arch, attention=kernel).apply({"params": params}, tokens, train=True)
+            model = flax_text.make_model(arch, ModelOptions(attention=kernel))
+            logits = model.apply({"params": params}, tokens, train=True)
         return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
 
     delta = jnp.zeros((*tokens.shape, arch.width))
@@ -242,7 +246,7 @@ def test_jax_remat_keeps_fp64_gradients_with_a_mask():
     params = torch_weights_for_flax(_torch_model(arch), arch, np.float64)["params"]
 
     def loss_fn(plan: RematPlan):
-        model = flax_text.make_model(arch, dtype=jnp.float64, remat=plan)
+        model = flax_text.make_model(arch, ModelOptions(dtype="float64", remat=plan))
         return lambda p: optax.softmax_cross_entropy_with_integer_labels(
             model.apply({"params": p}, tokens, train=True), labels).mean()
 

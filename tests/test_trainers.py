@@ -147,6 +147,7 @@ def test_checkpointing_gradients_unchanged_jax(base):
     import jax
     import jax.numpy as jnp
 
+    from common.model_options import ModelOptions
     from jax_impl.models import init_variables, make_model
 
     description = arch(base, 100)
@@ -156,7 +157,7 @@ def test_checkpointing_gradients_unchanged_jax(base):
         variables = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), variables)
         grads = []
         for stages in ((), (1, 2, 3, 4)):
-            model = make_model(description, dtype=jnp.float64, checkpoint_stages=stages)
+            model = make_model(description, ModelOptions(dtype="float64", remat=stages))
 
             def loss(params, model=model):
                 out, _ = model.apply({**variables, "params": params}, x, train=True, mutable=["batch_stats"])

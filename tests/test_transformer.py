@@ -19,7 +19,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.arch_vit import RematPlan, TransformerArch, vit
+from common.arch_encoder import EncoderArch, RematPlan, vit
+from common.model_options import ModelOptions
 from common.weights import flax_to_torch, torch_to_flax
 from experiments.execution.parity import (
     TOLERANCES,
@@ -39,18 +40,18 @@ KERNELS = ("naive", "fused")
 TRUNC_STD = 0.02 * 0.8796  # a normal of std 0.02 truncated at +-2 std: sqrt(1 - 4 phi(2) / (2 Phi(2) - 1)) = 0.8796
 
 
-def micro(pool: str = "cls", classes: int = 10) -> TransformerArch:
+def micro(pool: str = "cls", classes: int = 10) -> EncoderArch:
     return vit("vit-micro", num_classes=classes, pool=pool)
 
 
 @cache
-def flax_template(arch: TransformerArch) -> dict:
+def flax_template(arch: EncoderArch) -> dict:
     """Shapes and dtypes of Flax's variables: enough for the weight transfer. (A real Flax init compiles a random
     generator per weight, seconds on a small CPU: only the initialisation test pays for one.)"""
     return jax.eval_shape(lambda: init_variables(flax_vit.make_model(arch), jax.random.key(0), arch.image_size))
 
 
-def torch_weights_for_flax(model: torch.nn.Module, arch: TransformerArch, dtype=np.float32) -> dict:
+def torch_weights_for_flax(model: torch.nn.Module, arch: EncoderArch, dtype=np.float32) -> dict:
     template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype), flax_template(arch))
     return torch_to_flax(model.state_dict(), template)
 
@@ -94,9 +95,9 @@ def test_naive_and_fused_attention_agree_in_each_framework(pool):
         assert max(results.values()) <= 1e-5, (side, results)
 
 
-def _torch_model(arch: TransformerArch, seed: int = 0, **kwargs) -> torch_vit.VisionTransformer:
+def _torch_model(arch: EncoderArch, seed: int = 0, **kwargs) -> torch_vit.Encoder:
     torch.manual_seed(seed)
-    return torch_vit.make_model(arch, **kwargs)
+    return torch_vit.make_model(arch, ModelOptions(**kwargs))
 
 
 @pytest.mark.parametrize("pool", POOLS)
@@ -240,8 +241,9 @@ def test_torch_remat_keeps_loss_and_gradients_and_saves_less():
     assert bytes_["block 1 + attention"] < min(bytes_["attention"], bytes_["block 2"]), bytes_
 
 
-def _flax_loss(arch: TransformerArch, plan: RematPlan, policy: str, images, labels, dtype=jnp.float32):
-    model = flax_vit.make_model(arch, dtype=dtype, attention="naive", remat=plan, policy=policy)
+def _flax_loss(arch: EncoderArch, plan: RematPlan, policy: str, images, labels, dtype=jnp.float32):
+    model = flax_vit.make_model(arch, ModelOptions(dtype=jnp.dtype(dtype).name, attention="naive", remat=plan,
+                                                     remat_policy=policy))
 
     def loss(params):
         logits = model.apply({"params": params}, images, train=True)
@@ -371,7 +373,7 @@ def test_bf16_logits_are_close_to_fp32():
             torch_bf16 = model(x)
     assert torch_bf16.dtype == torch.bfloat16
     variables = torch_weights_for_flax(model, arch)
-    flax_bf16 = jax.jit(flax_vit.make_model(arch, dtype=jnp.bfloat16).apply)(variables, jnp.asarray(images))
+    flax_bf16 = jax.jit(flax_vit.make_model(arch, ModelOptions(dtype="bfloat16")).apply)(variables, jnp.asarray(images))
     assert flax_bf16.dtype == jnp.bfloat16
     for got in (torch_bf16.float().numpy(), np.asarray(flax_bf16, np.float32)):
         gap = max_relative_difference(got, reference)

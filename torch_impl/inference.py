@@ -32,10 +32,9 @@ class Unavailable(Exception):
 
 
 # INT4 weight-only: torchao's IntxWeightOnlyConfig, the CPU path of its current releases (0.18: Int4WeightOnlyConfig's
-# CPU packing "opaque" was removed after 0.14, and its other packings need CUDA, bf16 or the mslk kernels). The text
-# encoder only, the family it was checked on, in both frameworks (a ResNet's compute is its convolutions, which
-# these weight-only configs do not cover).
-INT4_FAMILIES = ("text",)
+# CPU packing "opaque" was removed after 0.14, and its other packings need CUDA, bf16 or the mslk kernels). Where the
+# description says ``int4`` (the text encoder, where it was checked in both frameworks; a ResNet's compute is its
+# convolutions, which these weight-only configs do not cover).
 INT4_GROUP = 32  # input channels sharing one scale: divides every text encoder's width and MLP width
 TORCHAO_PIP = "pip install torchao==0.18.0"  # the version checked against torch 2.14.1 on this CPU
 
@@ -122,8 +121,8 @@ def quantize_int4(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
 
 
 def _int4(model: torch.nn.Module, arch: Any) -> tuple[Predict, str]:
-    if arch.family not in INT4_FAMILIES:
-        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.family}: not here)")
+    if not arch.int4:
+        raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.name}: not here)")
     quantized, version = quantize_int4(model)
     return _predictor(quantized, torch.device("cpu")), (
         f"torchao {version} INT4 weight-only of the Linear layers (IntxWeightOnlyConfig, symmetric, group "
@@ -147,7 +146,7 @@ def export_text_onnx(model: torch.nn.Module, path: Path, max_len: int) -> Path:
     example = torch.full((2, min(16, max_len)), CLS + 1, dtype=torch.int32)
     example[:, 0] = CLS
     with warnings.catch_warnings():
-        # the model's shape check (check_tokens_shape) is Python on traced sizes: evaluated once, as intended
+        # the model's shape check (EncoderArch.check_input) is Python on traced sizes: evaluated once, as intended
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         torch.onnx.export(copy.deepcopy(model).cpu().eval(), (example,), str(path), dynamo=False,
                           input_names=["tokens"], output_names=["logits"],
@@ -180,7 +179,7 @@ def _onnxruntime(model: torch.nn.Module, config: RunConfig, arch: Any) -> tuple[
         import onnxruntime as ort
     except ImportError:
         raise Unavailable("onnxruntime is not installed (pip install onnxruntime)") from None
-    text = arch.family == "text"
+    text = arch.inputs == "tokens"
     # The exported file is needed only until the session has read it: a folder of its own, removed right after.
     with tempfile.TemporaryDirectory(prefix="twinrun-onnx-") as folder:
         path = (export_text_onnx(model, Path(folder) / "model.onnx", arch.max_len) if text
@@ -200,7 +199,7 @@ def _tensorrt_inputs(config: RunConfig, arch: Any, device: torch.device) -> list
     """TensorRT's input specs: one image shape, or int32 tokens with a dynamic batch (1..128) and length."""
     import torch_tensorrt
 
-    if arch.family == "text":
+    if arch.inputs == "tokens":
         return [torch_tensorrt.Input(min_shape=(1, 1), opt_shape=(1, arch.max_len // 2), max_shape=(128, arch.max_len),
                                      dtype=torch.int32)]
     return [torch.zeros(1, 3, config.image_size, config.image_size, device=device)]
@@ -213,7 +212,7 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
     model = load_model(config, arch, weights, device)
     if name == "eager":
         return _predictor(model, device), f"eager fp32 on {device}"
-    if name == "compiled" and arch.family == "text":  # the run's shape handling decides how many graphs it makes
+    if name == "compiled" and arch.inputs == "tokens":  # the run's shape handling decides how many graphs it makes
         return _predictor(compiled(config, model), device), (
             f"torch.compile fp32 (mode {config.torchcompile_mode}, dynamic {config.compile_dynamic}) on {device}")
     if name == "compiled":

@@ -1,16 +1,21 @@
-"""ResNets built from ``common.arch``, with torchvision's module names and initialisation, so a
-torchvision state_dict loads unchanged and weights transfer one-to-one to the Flax twin."""
+"""The family registry (``make_model(arch, options)``, one signature for every family) and the ResNets built from
+``common.arch``, with torchvision's module names and initialisation, so a torchvision state_dict loads unchanged and
+weights transfer one-to-one to the Flax twin."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from common.arch import BlockSpec, ResNetArch, group_count
+from common.model_options import DEFAULT_OPTIONS, ModelOptions
+from common.registry import Registry
+from torch_impl import transformer
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1  # torch convention: weight of the new batch statistic (Flax's 0.9 is the decay)
@@ -149,8 +154,18 @@ def _checkpointed(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
                       context_fn=lambda: (contextlib.nullcontext(), _frozen_bn_statistics(block)))
 
 
-def make_model(arch: ResNetArch, channels_last: bool = False) -> ResNet:
+def resnet(arch: ResNetArch, options: ModelOptions = DEFAULT_OPTIONS) -> ResNet:
     model = ResNet(arch)
-    if channels_last:
+    model.checkpoint_stages = frozenset(options.remat)
+    if options.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model
+
+
+# family -> its builder, all of one signature; a workload from outside the repository adds its own
+MODELS = Registry("torch", {"resnet": resnet, "vit": transformer.make_model, "text": transformer.make_model})
+
+
+def make_model(arch: Any, options: ModelOptions = DEFAULT_OPTIONS) -> nn.Module:
+    """The torch model of ``arch``'s family, set up with the run's ``options``."""
+    return MODELS.build(arch, options)

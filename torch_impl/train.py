@@ -12,11 +12,12 @@ import torch
 import torch.nn.functional as F
 
 from common.config import RunConfig
+from common.model_options import ModelOptions
 from common.schedule import learning_rate
 from common.weights import load_torch_keyed, save_torch_keyed
 from common.workloads import arch as describe
-from torch_impl import parallel, text, transformer
-from torch_impl.models import make_model as build_resnet
+from torch_impl import models as registry
+from torch_impl import parallel, transformer
 from torch_impl.techniques import (
     AMP_DTYPES,
     autocast,
@@ -31,15 +32,8 @@ StepFn = Callable[[list[tuple[torch.Tensor, torch.Tensor]], bool], torch.Tensor]
 
 
 def build(config: RunConfig, arch: Any) -> torch.nn.Module:
-    """The model of ``arch``'s family (common/workloads.py) with the run's techniques set on it."""
-    if arch.family == "vit":
-        return transformer.make_model(arch, attention=config.attention, remat=config.remat_plan,
-                                      channels_last=config.channels_last)
-    if arch.family == "text":
-        return text.make_model(arch, attention=config.attention, remat=config.remat_plan)
-    model = build_resnet(arch, channels_last=config.channels_last)
-    model.checkpoint_stages = frozenset(config.remat_plan)
-    return model
+    """The model of ``arch``'s family (the registry, torch_impl/models.py) with the run's techniques set on it."""
+    return registry.make_model(arch, ModelOptions.of(config))
 
 
 def make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.Module:
@@ -57,15 +51,14 @@ def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str
     """Which attention kernel this run's transformer runs: --attention's choice and, for fused, the backend
     F.scaled_dot_product_attention picks for the run's shapes and dtype on this device (a text encoder's with its
     padding mask, which some backends refuse)."""
-    if arch.family not in ("vit", "text"):
+    if not arch.attention:
         unused = config.attention != "fused"
         return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
     if config.attention == "naive":
         return ["attention: naive (softmax(QK^T/sqrt(d))V written out, softmax in fp32)"]
     dtype = AMP_DTYPES.get(config.precision, param_dtype(config))
-    tokens = arch.max_len if arch.family == "text" else arch.tokens
-    q = torch.zeros(config.batch_size, arch.heads, tokens, arch.head_dim, device=device, dtype=dtype)
-    mask = torch.ones(config.batch_size, tokens, device=device, dtype=torch.bool) if arch.family == "text" else None
+    q = torch.zeros(config.batch_size, arch.heads, arch.tokens, arch.head_dim, device=device, dtype=dtype)
+    mask = torch.ones(config.batch_size, arch.tokens, device=device, dtype=torch.bool) if arch.masked else None
     kernel = transformer.fused_kernel(q, q, q, mask)
     masked = " with the padding mask" if mask is not None else ""
     return [f"attention: fused, F.scaled_dot_product_attention ran its {kernel} kernel{masked}"]

@@ -1,13 +1,15 @@
-"""The Vision Transformer built from ``common.arch_vit``, with timm's module names; jax_impl/transformer.py is its
-Flax twin, name for name, so weights transfer one-to-one (common/weights.py).
+"""The transformer encoder (the ViT on images, the text encoder on tokens) built from ``common.arch_encoder``, with
+timm's module names; jax_impl/transformer.py is its Flax twin, name for name, so weights transfer one-to-one
+(common/weights.py).
 
 Precision (the article's rules, written out rather than left to autocast's op lists): LayerNorm statistics and the
 attention softmax are computed in fp32 whatever the compute dtype; the residual stream stays fp32 (a lower-precision
 branch output added to it is promoted); Linear layers and the attention products run in the autocast dtype.
 
-Attention takes an optional key-padding mask (bool (batch, tokens), True = a real token; torch_impl/text.py passes
-it): padded keys get no attention weight, exactly (exp of the most negative finite score is 0). ``None`` keeps the
-ViT's unmasked path.
+Attention takes an optional key-padding mask (bool (batch, tokens), True = a real token; token inputs have one):
+padded keys get no attention weight, exactly (exp of the most negative finite score is 0), and padded positions
+receive no gradient. ``None`` keeps the ViT's unmasked path. The token and position embeddings and the residual
+stream are fp32 (an embedding is not on autocast's lists).
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from common.arch_text import BlockArch
-from common.arch_vit import RematPlan, TransformerArch
-
-NO_REMAT = RematPlan()
+from common.arch_encoder import PAD_ID, EncoderArch, RematPlan
+from common.model_options import DEFAULT_OPTIONS, ModelOptions
 
 INIT_STD = 0.02  # timm's ViT: truncated normal at +-2 std for Linear weights, patch embedding and position embedding
 
@@ -62,7 +62,7 @@ def fused_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
 
 
 def init_weights(model: nn.Module) -> None:
-    """timm's ViT init, shared with torch_impl/text.py: every weight (embeddings included) from a normal of std
+    """timm's ViT init: every weight (embeddings included) from a normal of std
     INIT_STD truncated at +-2 std, biases 0, LayerNorm scales 1."""
     for name, param in model.named_parameters():
         if name.endswith("bias") or ".norm" in f".{name}":
@@ -82,7 +82,7 @@ class LayerNorm(nn.LayerNorm):
 
 
 class Attention(nn.Module):
-    def __init__(self, arch: BlockArch) -> None:
+    def __init__(self, arch: EncoderArch) -> None:
         super().__init__()
         self.heads = arch.heads
         self.qkv = nn.Linear(arch.width, 3 * arch.width)
@@ -103,7 +103,7 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, arch: BlockArch) -> None:
+    def __init__(self, arch: EncoderArch) -> None:
         super().__init__()
         self.fc1 = nn.Linear(arch.width, arch.hidden)
         self.fc2 = nn.Linear(arch.hidden, arch.width)
@@ -113,7 +113,7 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, arch: BlockArch) -> None:
+    def __init__(self, arch: EncoderArch) -> None:
         super().__init__()
         self.norm1 = LayerNorm(arch.width, eps=arch.norm_eps)
         self.attn = Attention(arch)
@@ -130,12 +130,32 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class EncoderStack(nn.Module):
-    """What the ViT and the text encoder (torch_impl/text.py) share: their ``blocks``, the blocks recomputed whole
-    in the backward pass, and the attention kernel; jax_impl/transformer.py's ``run_blocks`` is the Flax side."""
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean over the real tokens of (batch, tokens, width): padded tokens are multiplied by 0, so they add
+    nothing and receive a gradient of exactly 0."""
+    weights = mask.unsqueeze(-1).to(x.dtype)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1)
 
-    blocks: nn.ModuleList
-    remat_blocks: frozenset[int] = frozenset()
+
+class Encoder(nn.Module):
+    """The ViT (``arch.inputs`` images) and the text encoder (tokens): the embedding of its inputs, then the same
+    blocks, norm, pooling and head. ``remat_blocks``: the blocks recomputed whole in the backward pass."""
+
+    def __init__(self, arch: EncoderArch) -> None:
+        super().__init__()
+        self.arch = arch
+        if arch.masked:
+            self.token_embed = nn.Embedding(arch.vocab_size, arch.width)  # no padding_idx: Flax's nn.Embed has none
+        else:
+            self.patch_embed = nn.Conv2d(3, arch.width, arch.patch, stride=arch.patch)
+            if arch.pool == "cls":
+                self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.width))
+        self.pos_embed = nn.Parameter(torch.zeros(1, arch.tokens, arch.width))
+        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.depth))
+        self.norm = LayerNorm(arch.width, eps=arch.norm_eps)
+        self.head = nn.Linear(arch.width, arch.num_classes)
+        self.remat_blocks: frozenset[int] = frozenset()
+        init_weights(self)
 
     def set_remat(self, plan: RematPlan) -> None:
         self.remat_blocks = frozenset(plan.blocks)
@@ -146,43 +166,35 @@ class EncoderStack(nn.Module):
         for block in self.blocks:
             block.attn.kernel = kernel
 
-    def run_blocks(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def embed(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the residual stream (batch, tokens, width), fp32 from here on; the padding mask, or None)."""
+        if self.arch.masked:  # int tokens (batch, length), length <= max_len
+            self.arch.check_input(tuple(inputs.shape))
+            return self.token_embed(inputs) + self.pos_embed[:, :inputs.shape[1]], inputs != PAD_ID
+        x = self.patch_embed(inputs).flatten(2).transpose(1, 2)  # (batch, patches, width), patches row by row
+        if self.arch.pool == "cls":
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
+        return x + self.pos_embed, None
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x, mask = self.embed(inputs)
         for index, block in enumerate(self.blocks):
             if index in self.remat_blocks and self.training:
                 x = checkpoint(block, x, mask, use_reentrant=False)
             else:
                 x = block(x, mask)
-        return x
-
-
-class VisionTransformer(EncoderStack):
-    def __init__(self, arch: TransformerArch) -> None:
-        super().__init__()
-        self.arch = arch
-        self.patch_embed = nn.Conv2d(3, arch.width, arch.patch, stride=arch.patch)
-        if arch.pool == "cls":
-            self.cls_token = nn.Parameter(torch.zeros(1, 1, arch.width))
-        self.pos_embed = nn.Parameter(torch.zeros(1, arch.tokens, arch.width))
-        self.blocks = nn.ModuleList(Block(arch) for _ in range(arch.depth))
-        self.norm = LayerNorm(arch.width, eps=arch.norm_eps)
-        self.head = nn.Linear(arch.width, arch.num_classes)
-        init_weights(self)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.patch_embed(images).flatten(2).transpose(1, 2)  # (batch, patches, width), patches row by row
+        x = self.norm(x)
         if self.arch.pool == "cls":
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1).to(x.dtype), x], dim=1)
-        x = x + self.pos_embed  # fp32 from here on: the residual stream
-        x = self.norm(self.run_blocks(x))
-        pooled = x[:, 0] if self.arch.pool == "cls" else x.mean(dim=1)
+            pooled = x[:, 0]
+        else:
+            pooled = x.mean(dim=1) if mask is None else masked_mean(x, mask)
         return self.head(pooled)
 
 
-def make_model(arch: TransformerArch, attention: str = "fused", remat: RematPlan = NO_REMAT,
-               channels_last: bool = False) -> VisionTransformer:
-    model = VisionTransformer(arch)
-    model.set_attention(attention)
-    model.set_remat(remat)
-    if channels_last:  # only the patch embedding is a convolution
+def make_model(arch: EncoderArch, options: ModelOptions = DEFAULT_OPTIONS) -> Encoder:
+    model = Encoder(arch)
+    model.set_attention(options.attention)
+    model.set_remat(options.remat or RematPlan())
+    if options.channels_last and not arch.masked:  # only the patch embedding is a convolution
         model = model.to(memory_format=torch.channels_last)
     return model

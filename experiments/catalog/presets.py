@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.workloads import workload_for
+from common.workloads import is_spec, workload_for
 
 PRESETS: dict[str, dict[str, Any]] = {
     # The README's main job (`make run`: 5 rungs and the A/A control x 2 frameworks x 2 repeats, the 3 ablations in
@@ -43,13 +43,16 @@ def preset_settings(preset: str, model: str | None = None) -> dict[str, Any]:
     settings = dict(PRESETS[preset])
     if model is None or model == settings["model"]:
         return settings
-    family = workload_for(model).family  # an unknown model is refused here, by name
-    if family != workload_for(settings["model"]).family:
-        settings.update(FAMILY_RECIPES.get(family, {}))
+    workload = workload_for(model)  # an unknown model is refused here, by name
+    if workload.family != workload_for(settings["model"]).family:
+        settings.update(FAMILY_RECIPES.get(workload.family, workload.recipe))
     return {**settings, "model": model}
 
 
 def model_tag(preset: str, model: str | None) -> str:
-    """``-<model>`` when ``model`` is not the preset's, for results folder names: rows of two models never share a
-    folder by default (the store would refuse them anyway, as rows of other settings)."""
-    return "" if model is None or model == PRESETS[preset]["model"] else f"-{model}"
+    """``-<model>`` (a workload from outside the repository: ``-<family>``) when ``model`` is not the preset's, for
+    results folder names: rows of two models never share a folder by default (the store would refuse them anyway,
+    as rows of other settings)."""
+    if model is None or model == PRESETS[preset]["model"]:
+        return ""
+    return f"-{workload_for(model).family}" if is_spec(model) else f"-{model}"  # a spec holds slashes and colons

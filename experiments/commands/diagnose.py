@@ -22,11 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = diagnosis_config(config_from_args(args))
-    check_runnable(config, selected(args.framework))
+    frameworks = selected(args.framework, config.model)
+    check_runnable(config, frameworks)
     out = writable_folder(args.out, "--out")
     console = console_for_output()
     results = []
-    for framework in selected(args.framework):
+    for framework in frameworks:
         console.print(f"[bold]diagnose[/] {framework}: runs at batch {config.batch_size} (traced) and "
                       f"{2 * config.batch_size} ...")
         found = diagnose(framework, config, out, args.profile_steps or 3, args.timeout)

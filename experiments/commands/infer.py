@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     store = ResultStore(out)
     store.check_writable()
-    frameworks = selected(args.framework)
+    frameworks = selected(args.framework, config.model)
     options = InferOptions(calls=args.calls, warmup=args.warmup, throughput_batches=tuple(args.throughput_batches),
                            throughput_calls=args.throughput_calls, calibration_batches=args.calibration_batches,
                            eval_batches=config.eval_batches, weights_from=_origin(args))

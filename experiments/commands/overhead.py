@@ -66,10 +66,11 @@ def _table(config: RunConfig, results: list[dict[str, Any]]) -> Table:
 
 def run(args: argparse.Namespace) -> int:
     config = overhead_config(config_from_args(args), args.steps is not None)
-    check_runnable(config, selected(args.framework))
+    frameworks = selected(args.framework, config.model)
+    check_runnable(config, frameworks)
     writable_folder(args.out, "--out")
     config = paired_config(config, Path(args.out) / "weights")  # one starting point for both frameworks
-    results = [measure_isolated(framework, config, args.timeout) for framework in selected(args.framework)]
+    results = [measure_isolated(framework, config, args.timeout) for framework in frameworks]
     for result in results:
         if result.get("status") == "ok":
             comparison, goal = judged(result)

@@ -9,13 +9,17 @@ from rich.console import Console
 from rich.table import Table
 
 from common.arch import FAMILY, NORMS, STEMS, resnet
+from common.config import RunConfig
+from common.workloads import ModelNames, is_spec, load_workload
 from experiments.execution.parity import TOLERANCES, paired_forward_backward
 from experiments.options import nonnegative_int, positive_float, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     model = parser.add_argument_group("model")
-    model.add_argument("--model", default="resnet18", choices=tuple(FAMILY), help="architecture")
+    model.add_argument("--model", default="resnet18", choices=ModelNames(FAMILY),
+                       help="architecture: a ResNet, or a workload from outside the repository (module:NAME, "
+                            "path/to/file.py:NAME)")
     model.add_argument("--stem", default="cifar", choices=STEMS, help="cifar: 3x3 conv; imagenet: 7x7 conv + max-pool")
     model.add_argument("--width", type=positive_float, default=0.25, help="channel multiplier of the ResNet")
     model.add_argument("--num-classes", type=positive_int, default=100, help="classifier outputs")
@@ -29,12 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    arch = resnet(args.model, stem=args.stem, width=args.width, num_classes=args.num_classes, norm=args.norm,
-                  zero_init_residual=args.zero_init_residual)
+    console = Console()
+    if is_spec(args.model):
+        workload = load_workload(args.model)
+        if reason := workload.missing("torch") or workload.missing("jax"):
+            console.print(f"parity: skipped ({reason})")
+            return 0
+        arch = workload.describe(RunConfig(model=args.model, image_size=args.image_size), args.num_classes)
+        model = args.model
+    else:
+        arch = resnet(args.model, stem=args.stem, width=args.width, num_classes=args.num_classes, norm=args.norm,
+                      zero_init_residual=args.zero_init_residual)
+        model = f"{args.model} stem={args.stem} width={args.width}"
     results = paired_forward_backward(arch, args.batch_size, args.image_size, args.seed, args.float64)
     precision = "fp64" if args.float64 else "fp32"
-    table = Table(title=f"parity torch vs Flax, {precision}, {args.model} stem={args.stem} width={args.width} "
-                        f"batch={args.batch_size} (max |flax - torch| / max |torch|)")
+    table = Table(title=f"parity torch vs Flax, {precision}, {model} batch={args.batch_size} "
+                        f"(max |flax - torch| / max |torch|)")
     for column in ("quantity", "max relative difference", "tolerance", "verdict"):
         table.add_column(column)
     failed = False
@@ -42,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
         ok = value <= TOLERANCES[name]
         failed |= not ok
         table.add_row(name, f"{value:.2e}", f"{TOLERANCES[name]:.0e}", "ok" if ok else "[red]ABOVE TOLERANCE[/]")
-    console = Console()
     console.print(table)
     if failed and not args.float64:
         console.print("In fp32 a ReLU input within rounding of zero can switch sides in one framework only, and deep "

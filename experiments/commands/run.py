@@ -57,7 +57,7 @@ def _title(config: RunConfig, records: list[RunRecord]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     config = with_default_data(config_from_args(args))
-    frameworks = selected(args.framework)
+    frameworks = selected(args.framework, config.model)
     check_runnable(config, frameworks)
     out = Path(args.out)
     store = ResultStore(out)

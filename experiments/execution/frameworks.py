@@ -10,6 +10,7 @@ from types import ModuleType
 from common.config import RunConfig
 from common.errors import ConfigError
 from common.results import RunResult
+from common.workloads import workload_for
 
 FRAMEWORKS: tuple[str, ...] = ("torch", "jax")
 PACKAGES: dict[str, str] = {"torch": "torch_impl", "jax": "jax_impl"}
@@ -20,12 +21,22 @@ LOADER_PACKAGES: dict[str, tuple[str, ...]] = {"torch": ("torch",), "jax": ("tor
 INITIALISER = "torch"
 
 
-def selected(choice: str) -> tuple[str, ...]:
-    """The frameworks a ``--framework`` choice names: both, or one."""
-    if choice == "both":
-        return FRAMEWORKS
-    package_of(choice)  # an unknown name is a named error
-    return (choice,)
+def selected(choice: str, model: str | None = None) -> tuple[str, ...]:
+    """The frameworks a ``--framework`` choice names (both, or one) that ``model``'s workload has a model in; each
+    other one is skipped, its reason printed (a workload from outside the repository may bring one framework's)."""
+    if choice != "both":
+        package_of(choice)  # an unknown name is a named error
+    names = FRAMEWORKS if choice == "both" else (choice,)
+    if model is None:
+        return names
+    workload = workload_for(model)
+    for name in names:
+        if reason := workload.missing(name):
+            print(f"{name}: skipped ({reason})")
+    kept = tuple(name for name in names if not workload.missing(name))
+    if not kept:
+        raise ConfigError(f"nothing to run: {workload.missing(names[0])}")
+    return kept
 
 
 def package_of(name: str) -> str:

@@ -10,7 +10,8 @@ from typing import Any
 
 from common.config import RunConfig
 from common.results import RunResult
-from common.workloads import num_classes
+from common.workloads import num_classes, workload_for
+from experiments.execution.frameworks import INITIALISER
 from experiments.execution.runner import COMPILE_CACHE, run_isolated
 
 
@@ -29,8 +30,8 @@ def initial_weights(config: RunConfig, folder: Path, classes: int) -> Path:
 
 def paired_config(config: RunConfig, folder: Path) -> RunConfig:
     """``config`` with ``init_weights`` set, so both frameworks start from the same weights."""
-    if config.init_weights:
-        return config
+    if config.init_weights or workload_for(config.model).missing(INITIALISER):
+        return config  # given; or a workload with no model in the initialising framework: each starts its own
     classes = num_classes(config)  # also a clear error for a missing or corrupt data set, before any run
     return config.replace(init_weights=str(initial_weights(config, folder, classes)))
 

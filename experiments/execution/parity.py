@@ -1,6 +1,6 @@
 """Paired checks that prove both sides compute the same thing, in this process (the weight transfer itself is
-common/weights.py). Either family: a ResNetArch builds torch_impl/models.py and jax_impl/models.py, a TransformerArch
-torch_impl/transformer.py and jax_impl/transformer.py with the ``attention`` kernel asked for."""
+common/weights.py). Any family with float inputs (a ResNet, a ViT, a workload from outside the repository), built
+by each framework's registry (torch_impl/models.py, jax_impl/models.py) with the ``attention`` kernel asked for."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from common.arch import ResNetArch
-from common.arch_vit import TransformerArch
+from common.arch_encoder import EncoderArch
+from common.model_options import ModelOptions
 from common.weights import flax_grads_to_torch, flax_to_torch, torch_to_flax
 
 
@@ -33,7 +34,7 @@ def max_relative_difference(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max() / scale)
 
 
-Arch = ResNetArch | TransformerArch
+Arch = ResNetArch | EncoderArch
 
 
 @dataclass(frozen=True)
@@ -82,20 +83,13 @@ def fp32_gaps_and_noise_floor(arch: Arch, batch_size: int = 8, image_size: int =
 
 
 def model_builders(arch: Arch, attention: str = "fused") -> tuple[Callable[[], Any], Callable[[Any], Any]]:
-    """(torch model factory, Flax model factory taking the compute dtype) of ``arch``'s family; ``attention``
-    (naive or fused) is the transformer's kernel and means nothing to a ResNet."""
-    if arch.family == "resnet":
-        from jax_impl.models import make_model as flax_resnet
-        from torch_impl.models import make_model as torch_resnet
+    """(torch model factory, Flax model factory taking the compute dtype) of ``arch``'s family, from each framework's
+    registry; ``attention`` (naive or fused) is the transformer's kernel and means nothing to a model without one."""
+    from jax_impl.models import make_model as make_flax
+    from torch_impl.models import make_model as make_torch
 
-        return lambda: torch_resnet(arch), lambda dtype: flax_resnet(arch, dtype=dtype)
-    if arch.family == "vit":
-        from jax_impl.transformer import make_model as flax_vit
-        from torch_impl.transformer import make_model as torch_vit
-
-        return (lambda: torch_vit(arch, attention=attention),
-                lambda dtype: flax_vit(arch, dtype=dtype, attention=attention))
-    raise ValueError(f"no parity check for the model family '{arch.family}'")
+    return (lambda: make_torch(arch, ModelOptions(attention=attention)),
+            lambda dtype: make_flax(arch, ModelOptions(dtype=np.dtype(dtype).name, attention=attention)))
 
 
 def forward_backward(arch: Arch, batch_size: int, image_size: int, seed: int, float64: bool,
@@ -117,7 +111,7 @@ def forward_backward(arch: Arch, batch_size: int, image_size: int, seed: int, fl
     torch.manual_seed(seed)
     torch.set_float32_matmul_precision("highest")
     rng = np.random.default_rng(seed)
-    images = rng.normal(size=(batch_size, image_size, image_size, 3)).astype(dtype)
+    images = rng.normal(size=arch.example(batch_size, image_size).shape).astype(dtype)  # float inputs of its shape
     labels = rng.integers(0, arch.num_classes, size=batch_size)
     torch_model = make_torch().to(torch.float64 if float64 else torch.float32)
     with jax.enable_x64(float64), jax.default_matmul_precision("highest"):

@@ -101,7 +101,7 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     store = ResultStore(out)
     store.check_writable()
     store.rows()  # a damaged store is named now, before weights are made or data is read
-    return Prepared(base, out, store, selected(options.framework))
+    return Prepared(base, out, store, selected(options.framework, base.model))
 
 
 def with_paired_weights(prepared: Prepared) -> Prepared:

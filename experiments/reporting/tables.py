@@ -18,7 +18,7 @@ from experiments.execution.record import RunRecord
 from experiments.reporting.accuracy import at_chance
 from experiments.reporting.analysis import ACROSS, VS_BASELINE, VS_BELOW, VS_TOP, Analysis
 from experiments.reporting.cells import NAN, Cells, measured, median, ordered_groups
-from experiments.reporting.flops import train_step_flops
+from experiments.reporting.flops import NoFlopCount, train_step_flops
 from experiments.reporting.recommend import emulation_cost
 from experiments.reporting.stats import Comparison, Estimate, bootstrap_ratio, judge, quantile_interval
 
@@ -53,7 +53,10 @@ def flops_per_step(record: RunRecord) -> float:
     if workload_for(config.model).family == "text":
         return NAN
     model = arch(config, classes_of(record, config))
-    return train_step_flops(model, config.image_size, config.batch_size * config.grad_accum_steps * config.devices)
+    try:
+        return train_step_flops(model, config.image_size, config.batch_size * config.grad_accum_steps * config.devices)
+    except NoFlopCount:
+        return NAN
 
 
 def mfu_percent(record: RunRecord, step_s: float, matmul_rate: float | None) -> float:
