@@ -25,6 +25,8 @@
 #   PRESET=tiny experiments/gpu_check.sh OUT     # on a CPU (slow, tiny): what CI runs so the script does not rot
 #   DATA=path/to/cifar-100-python.tar.gz ...      # the real data set (default: a generated one, same format)
 #   VIT_MODEL=vit-tiny ...                        # a smaller ViT for the ViT sweeps (default vit-s; tiny: vit-micro)
+#   LADDER_RUNGS=amp,compile ...                  # the ladder's techniques (default: all; tiny: amp,compile)
+#   SWEEP_FRAMEWORK=torch ...                     # the checkpointing sweep's framework(s) (default both; tiny: torch)
 #
 # Every run is its own process with a timeout, so one failure is recorded in its table and the rest go on.
 set -euo pipefail
@@ -37,7 +39,7 @@ if [[ "$PRESET" == "article" ]]; then
     CHECKPOINTING=${CHECKPOINTING:-"none all"}
     DIAGNOSE=(--model resnet50 --width 1 --batch-size 128 --compile compiled --steps 20 --timing-warmup 5)
     ACCURACY=(--preset cpu --rungs compile --no-ablations --to-accuracy "${TARGET:-0.3}" --epochs 2 --repeats 2)
-    ABLATIONS=--ablations
+    ABLATIONS=--ablations; LADDER_RUNGS=${LADDER_RUNGS:-}; SWEEP_FRAMEWORK=${SWEEP_FRAMEWORK:-both}
     # the ViT twin on the same preset (batch 128, 40 steps); the checkpointing sweep's values leave out its
     # "first half of the blocks" (the default adds it) to keep the script's minutes
     VIT_MODEL=${VIT_MODEL:-vit-s}; VIT_STEPS=${VIT_STEPS:-$STEPS}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-both}
@@ -53,9 +55,17 @@ else
     # CI's CPU: the ablations are left out of the tiny ladder (tests/test_ladder_answers.py checks them on planted
     # rows); the accuracy ladder keeps 2 seeds so that the verdict has a spread, in torch only: JAX's baseline rung
     # is eager, op by op, and its 8 runs cost the suite ~150 s (tests/test_loop.py runs JAX to a target)
-    ACCURACY=(--rungs amp --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2
+    # The accuracy ladder's rung is flags (no effect on a CPU, so nothing but the planted LR decides its verdict):
+    # torch's bf16 is emulated on a CPU without avx512_bf16 or AMX, and its runs of whole epochs cost the most here
+    ACCURACY=(--rungs flags --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2
               --framework "${ACCURACY_FRAMEWORK:-torch}")
     ABLATIONS=--no-ablations
+    # CI's CPU: a ladder of two techniques, amp and compile (the loader and the flags keep the baseline's settings),
+    # so that JAX runs op by op twice, not four times; the loader and flags rungs run end to end in
+    # tests/test_ladder.py (the resumed ladder: torch; the flags verdict: both frameworks) and the ladder's plan of
+    # every rung in tests/test_ladder_answers.py. The checkpointing sweep: torch (tests/test_trainers.py measures
+    # both frameworks' saved activations, end to end in each trainer).
+    LADDER_RUNGS=${LADDER_RUNGS:-amp,compile}; SWEEP_FRAMEWORK=${SWEEP_FRAMEWORK:-torch}
     # CI's CPU: one run per ViT sweep (torch, 2 steps of vit-micro), so that the ViT step costs the test ~15 s;
     # tests/test_vit_driver.py plans the ViT ladder and sweeps in both frameworks and runs its infer and overhead
     VIT_MODEL=${VIT_MODEL:-vit-micro}; VIT_STEPS=${VIT_STEPS:-2}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-torch}
@@ -86,14 +96,17 @@ data=()  # DATA: a CIFAR-100 archive or folder; default: a generated one in the 
 if [[ -n "${DATA:-}" ]]; then data=(--data "$DATA"); fi
 common=(--preset "$PRESET" --repeats 1 --results "$OUT" --timeout "$TIMEOUT" "${data[@]}")
 stamp "ladder ($PRESET, $STEPS steps a rung)"
-twinrun ladder "${common[@]}" --steps "$STEPS" --name ladder "$ABLATIONS"
+rungs=()  # LADDER_RUNGS: the techniques of the ladder's rungs (default: every technique, in the default order)
+if [[ -n "$LADDER_RUNGS" ]]; then rungs=(--rungs "$LADDER_RUNGS"); fi
+twinrun ladder "${common[@]}" --steps "$STEPS" --name ladder "$ABLATIONS" "${rungs[@]}"
 if [[ "${TIME_TO_ACCURACY:-1}" != 0 ]]; then
     stamp "time-to-accuracy ladder (${ACCURACY[*]})"
     twinrun ladder "${common[@]}" --name ladder-accuracy "${ACCURACY[@]}" "${ACCURACY_EXTRA[@]}"
 fi
 stamp "sweep checkpointing: $CHECKPOINTING"
 # shellcheck disable=SC2086  # the value lists are meant to split into words
-twinrun sweep checkpointing "${common[@]}" --steps "$STEPS" --name sweep-checkpointing --values $CHECKPOINTING
+twinrun sweep checkpointing "${common[@]}" --steps "$STEPS" --name sweep-checkpointing --values $CHECKPOINTING \
+    --framework "$SWEEP_FRAMEWORK"
 stamp "diagnose torch (${DIAGNOSE[*]})"
 twinrun diagnose --framework torch --out "$OUT/diagnose" "${DIAGNOSE[@]}" "${data[@]}"
 if [[ "${VIT:-1}" != 0 ]]; then
