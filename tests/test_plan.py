@@ -180,3 +180,36 @@ def test_the_compile_rung_and_the_scope_sweep_compile_the_same_computation_in_bo
         ("eager", "jax", "eager", "step"), ("eager", "torch", "eager", "step"),
         ("model", "jax", "compiled", "model"), ("model", "torch", "compiled", "model"),
         ("step", "jax", "compiled", "step"), ("step", "torch", "compiled", "step")]
+
+
+
+@pytest.mark.parametrize("model,source", [("resnet18", "cifar100"), ("vit-micro", "cifar100"), ("text-micro", "text")])
+def test_every_sweep_plans_the_same_fields_for_both_frameworks(model, source, request):
+    """Issue 27's row-field test, on plans: each sweep value's torch and JAX jobs carry the same plan fields and the
+    same config fields, the scope of compilation among them (a row is these plus RunResult's own fields, one dataclass
+    for both frameworks: the gpu_check test compares real rows of the ladder, tests/test_inference.py of infer)."""
+    from common.errors import ConfigError
+    from experiments.catalog.presets import preset_settings
+    from experiments.catalog.sweeps import SWEEPS, checked_values
+    from experiments.execution.plan import sweep_plan
+
+    data = str(request.getfixturevalue("text_folder")) if source == "text" else None  # its lengths shape the plan
+    base = RunConfig(**{**preset_settings("tiny", model), "source": source, "data": data})
+    compared = set()
+    for sweep in SWEEPS.values():
+        try:
+            values = checked_values(sweep, sweep.default_values(base, False), base, FRAMEWORKS)
+        except ConfigError:  # a sweep that refuses this model (attention of a ResNet, shapes of an image model)
+            continue
+        jobs: dict[tuple, dict] = {}
+        for job in sweep_plan(sweep, values, base, FRAMEWORKS, repeats=1, preset="tiny"):
+            key = (job.fields["value"], job.fields.get("control"), job.fields["repeat"])
+            jobs.setdefault(key, {})[job.framework] = job
+        for key, pair in jobs.items():
+            if len(pair) < 2:  # a value with no meaning in one framework (compile-mode in JAX) is left out there
+                continue
+            assert set(pair["torch"].fields) == set(pair["jax"].fields), (sweep.name, key)
+            assert set(pair["torch"].config.to_dict()) == set(pair["jax"].config.to_dict()), (sweep.name, key)
+            assert "compile_scope" in pair["torch"].config.to_dict()
+            compared.add(sweep.name)
+    assert len(compared) >= 8, compared
