@@ -50,6 +50,10 @@ def build(config: RunConfig, arch: Any) -> torch.nn.Module:
 
 
 def make_model(config: RunConfig, arch: Any) -> torch.nn.Module:
+    return _make_model(config, arch, current_device())
+
+
+def _make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(config.seed)
     model = build(config, arch)
     if config.init_weights:
@@ -57,7 +61,7 @@ def make_model(config: RunConfig, arch: Any) -> torch.nn.Module:
         for key, value in load_torch_keyed(config.init_weights).items():
             state[key] = torch.from_numpy(value).to(state[key].dtype)
         model.load_state_dict(state)
-    return model.to(device=current_device(), dtype=param_dtype(config))
+    return model.to(device=device, dtype=param_dtype(config))
 
 
 def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
@@ -180,7 +184,8 @@ def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch
 def export_initial_weights(config: RunConfig, num_classes: int, path: str) -> None:
     """Writes this config's freshly initialised torch weights as a torch-keyed .npz, so the JAX run
     starts from exactly the same weights (the pairing of every comparison)."""
-    model = make_model(config.replace(init_weights=None), describe(config, num_classes)).cpu()
+    # on the CPU whatever the process's device: the weights are written from there (no CUDA started for them)
+    model = _make_model(config.replace(init_weights=None), describe(config, num_classes), torch.device("cpu"))
     save_torch_keyed(path, {k: v.float().numpy() for k, v in model.state_dict().items() if v.is_floating_point()})
 
 
