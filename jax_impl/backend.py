@@ -20,11 +20,13 @@ from common.weights import flax_to_torch, save_torch_keyed
 from common.workloads import loader_options
 from jax_impl import checkpoint as ckpt
 from jax_impl import parallel, pipeline
+from jax_impl.checkpoint import TrainState
+from jax_impl.compilation import compile_count, compile_seconds, measure_xla_memory
 from jax_impl.data import make_loader
+from jax_impl.mesh import pipeline_mesh, place
 from jax_impl.profiling import StepProfiler
-from jax_impl.techniques import LossScale, apply_flags, compile_count, compile_seconds
+from jax_impl.techniques import apply_flags
 from jax_impl.train import (
-    TrainState,
     evaluate,
     kernel_notes,
     loss_fn,
@@ -32,7 +34,6 @@ from jax_impl.train import (
     make_optimizer,
     make_train_step,
     measure_saved_bytes,
-    measure_xla_memory,
 )
 
 Batch = tuple[jax.Array, jax.Array]
@@ -49,11 +50,11 @@ class Backend:
         self.config = config
         if config.xla_flags:  # read once, when XLA's backend starts: before any device is touched
             os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {config.xla_flags}".strip()
-        parallel.start(config)  # joins jax.distributed first when the run spans processes
+        # joins jax.distributed first when the run spans processes; None on one device
+        self.data_parallel = parallel.start(config)
         self.scope = contextlib.ExitStack()
         self.scope.enter_context(jax.enable_x64(config.precision == "fp64"))  # left in finish()
         notes = apply_flags(config)
-        self.data_parallel = parallel.DataParallel.create(config)  # None on one device
         return Place(rank=jax.process_index(), replicas=config.devices, processes=config.processes,
                      readers=config.processes, spmd=True, notes=notes)
 
@@ -72,21 +73,17 @@ class Backend:
 
     def build(self, arch: Any, total_steps: int) -> tuple[int, list[str]]:
         config = self.config
-        self.model, variables = make_model(config, arch)
-        tx = make_optimizer(config, total_steps)
-        # One program makes the optimizer state and the loss scale: op by op, each zeros_like of a new shape compiles
-        # on its own (17 programs, ~4 s of a cpu-preset run here, before its first step)
-        state = jax.jit(lambda params, stats: TrainState(params, stats, tx.init(params), LossScale.create(config)))(
-            variables["params"], variables.get("batch_stats", {}))
+        model = make_model(config, arch)
+        self.module = model[0]
+        optimizer = make_optimizer(config, model, total_steps)
+        state = optimizer.state
         notes = kernel_notes(config, arch)
         if config.pipeline_stages > 1:
-            mesh = pipeline.make_mesh(config)
-            self.step_fn = pipeline.make_train_step(
-                config, self.model, tx, mesh, lambda logits, labels: loss_fn(config, logits, labels, arch.num_classes),
-                TrainState)
+            self.step_fn = pipeline.make_train_step(config, model, optimizer,
+                                                    lambda logits, labels: loss_fn(config, logits, labels))
             notes += pipeline.notes(config)
         else:
-            self.step_fn = make_train_step(config, self.model, tx, arch.num_classes)
+            self.step_fn = make_train_step(config, model, optimizer)
         if self.data_parallel is not None:
             self.step_fn = self.data_parallel.parallelize(self.step_fn)
             notes += self.data_parallel.notes()
@@ -96,7 +93,7 @@ class Backend:
         if self.data_parallel is not None:
             state = self.data_parallel.place_state(state)
         if config.pipeline_stages > 1:
-            state = pipeline.place(mesh, state)
+            state = place(pipeline_mesh(config), state)
         self.state = self.whole = state
         self.compile_s_before, self.step_compiles = compile_seconds(), 0
         return start, notes
@@ -108,13 +105,12 @@ class Backend:
         inject = jnp.asarray(inject_inf)
         losses = []
         compiled_before = compile_count()
-        for images, labels in group:  # with k > 1, optax.MultiSteps updates on the k-th micro-batch
+        for images, labels in group:  # with k > 1, optax.MultiSteps updates on the k-th micro-batch (torch's too)
             if self.data_parallel is not None:
                 images, labels = self.data_parallel.place_batch(images, labels)
-                self.state, loss = self.step_fn(self.state, images, labels, inject)
+            self.state, loss = self.step_fn(self.state, images, labels, inject)
+            if self.data_parallel is not None:
                 loss = self.data_parallel.loss_value(loss)
-            else:
-                self.state, loss = self.step_fn(self.state, images, labels, inject)
             losses.append(loss)
         self.step_compiles += compile_count() - compiled_before  # programs built by the step calls (pmap's count)
         # summed on the host: a device add of a Python float would compile a program of its own
@@ -132,13 +128,13 @@ class Backend:
         self.whole = self.state if self.data_parallel is None else self.data_parallel.gather_state(self.state)
 
     def evaluate(self, loader: Any, step: int) -> Evaluation:
-        return Evaluation(step=step, **evaluate(self.config, self.model, self.whole, loader))
+        return Evaluation(step=step, **evaluate(self.config, self._model(), loader))
 
     def memory(self, first: Sequence[Batch]) -> Memory:
         values: dict[str, Any] = {}
         # one replica's micro-batch, as torch's DDP replica measures its own (the first group is the global batch)
         images, labels = (x[: self.config.batch_size] for x in first[0])
-        values["saved_for_backward_bytes"] = measure_saved_bytes(self.config, self.model, self.whole, images, labels)
+        values["saved_for_backward_bytes"] = measure_saved_bytes(self.config, self._model(), images, labels)
         if self.data_parallel is None:  # XLA's analysis of the single-device step's program
             if self.config.compile == "compiled" and self.config.compile_scope == "step":  # else no whole-step program
                 values.update(measure_xla_memory(self.step_fn, self.whole, *first[0]))
@@ -146,6 +142,10 @@ class Backend:
         if "peak_bytes_in_use" in stats:
             values["peak_allocated_bytes"] = int(stats["peak_bytes_in_use"])
         return Memory(**values)
+
+    def _model(self) -> tuple[Any, dict[str, Any]]:
+        """The model as jax_impl/train.py takes it: the module and the whole state's variables."""
+        return self.module, {"params": self.whole.params, "batch_stats": self.whole.batch_stats}
 
     def profiler(self, folder: str) -> StepProfiler:
         return StepProfiler(folder)

@@ -1,12 +1,23 @@
-"""Checkpoints with orbax-checkpoint (it writes to a temporary folder and renames: atomic)."""
+"""Checkpoints with orbax-checkpoint (it writes to a temporary folder and renames: atomic), and the state they hold:
+``TrainState``, what JAX's step threads from call to call (torch's objects keep theirs: the model, optimizer,
+scheduler and GradScaler that torch_impl/backend.py saves)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
+
+from jax_impl.amp import LossScale
+
+
+class TrainState(NamedTuple):
+    params: Any
+    batch_stats: Any
+    opt_state: Any
+    loss_scale: LossScale
 
 
 def checkpoint_path(folder: str | Path, step: int) -> Path:

@@ -18,7 +18,7 @@ import numpy as np
 from common.config import RunConfig
 from common.inference import VARIANTS, dequantize_shape, int8_per_channel
 from jax_impl.models import BN_EPS
-from jax_impl.train import Model
+from jax_impl.train import Model, Module
 from jax_impl.train import build as build_model
 from jax_impl.train import make_model as make_train_model
 
@@ -35,8 +35,8 @@ class Unavailable(Exception):
     """A variant that cannot run here (no maintained path, no GPU): skipped, with the reason."""
 
 
-def load_model(config: RunConfig, arch: Any, weights: str | None) -> tuple[Model, dict[str, Any]]:
-    """The fp32 model and its variables (torch_impl.inference.load_model's mirror; Flax keeps them apart)."""
+def load_model(config: RunConfig, arch: Any, weights: str | None) -> Model:
+    """The fp32 model: its module and variables (torch_impl.inference.load_model's mirror; Flax keeps them apart)."""
     return make_train_model(config.replace(init_weights=weights, precision="fp32", remat="none"), arch)
 
 
@@ -44,15 +44,24 @@ def _conv_of(norm_name: str) -> str:
     return norm_name.replace("bn", "conv")  # bn1 -> conv1, downsample_bn -> downsample_conv
 
 
-def fold_batchnorm(params: Mapping[str, Any], stats: Mapping[str, Any]) -> dict[str, Any]:
-    """Params of the folded model (ResNet(folded_norm=True)): each conv kernel scaled by gamma/sqrt(var+eps)
-    per output channel, each BatchNorm reduced to the bias beta - mean * gamma/sqrt(var+eps). In float64,
-    then float32, so the folding adds no rounding of its own."""
+def fold_batchnorm(model: Model) -> Model:
+    """The folded model (torch_impl/inference.py's twin): the module with its BatchNorms reduced to biases
+    (ResNet(folded_norm=True)) and its folded parameters (``_fold``). Raises Unavailable without BatchNorm."""
+    module, variables = model
+    if not variables.get("batch_stats"):
+        raise Unavailable("the model has no BatchNorm statistics to fold")
+    return module.clone(folded_norm=True), {"params": _fold(variables["params"], variables["batch_stats"])}
+
+
+def _fold(params: Mapping[str, Any], stats: Mapping[str, Any]) -> dict[str, Any]:
+    """Params of the folded model: each conv kernel scaled by gamma/sqrt(var+eps) per output channel, each
+    BatchNorm reduced to the bias beta - mean * gamma/sqrt(var+eps). In float64, then float32, so the folding adds
+    no rounding of its own."""
     out: dict[str, Any] = {}
     for name, value in params.items():
         if isinstance(value, Mapping) and "scale" in value and name in stats:  # a BatchNorm
             continue
-        out[name] = fold_batchnorm(value, stats.get(name, {})) if isinstance(value, Mapping) and name != "fc" else value
+        out[name] = _fold(value, stats.get(name, {})) if isinstance(value, Mapping) and name != "fc" else value
     for name, value in params.items():
         if isinstance(value, Mapping) and "scale" in value and name in stats:
             gamma, beta = np.asarray(value["scale"], np.float64), np.asarray(value["bias"], np.float64)
@@ -64,13 +73,19 @@ def fold_batchnorm(params: Mapping[str, Any], stats: Mapping[str, Any]) -> dict[
     return out
 
 
-def quantize_int8(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Weight-only INT8 (common/inference.py's "int8"): every conv/dense kernel as int8 with one fp32 scale per
-    output channel (``int8_per_channel``, the integers torch's twin holds), the rest unchanged."""
+def quantize_int8(model: Model) -> Model:
+    """Weight-only INT8 (common/inference.py's "int8"): the module and its variables with every conv/dense kernel
+    as int8 with one fp32 scale per output channel (``int8_per_channel``, the integers torch's twin holds), the rest
+    unchanged. The module takes them through ``_dequantize`` (torch's twin dequantizes in a forward pre-hook)."""
+    module, variables = model
+    return module, {**variables, "params": _quantize_params(variables["params"])}
+
+
+def _quantize_params(params: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in params.items():
         if isinstance(value, Mapping):
-            out[name] = quantize_int8(value)
+            out[name] = _quantize_params(value)
         elif name == "kernel":
             q, scale = int8_per_channel(np.asarray(value), channel_axis=-1)
             out[name] = {"int8": q, "scale": scale.reshape(dequantize_shape(q.ndim, -1))}
@@ -79,13 +94,13 @@ def quantize_int8(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def dequantize(params: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
+def _dequantize(params: Mapping[str, Any], dtype: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in params.items():
         if isinstance(value, Mapping) and set(value) == {"int8", "scale"}:
             out[name] = value["int8"].astype(dtype) * value["scale"].astype(dtype)
         elif isinstance(value, Mapping):
-            out[name] = dequantize(value, dtype)
+            out[name] = _dequantize(value, dtype)
         else:
             out[name] = value
     return out
@@ -111,20 +126,19 @@ def _example(config: RunConfig, arch: Any) -> jax.Array:
     return jnp.asarray(arch.example(1, config.image_size))
 
 
-def _inference_model(config: RunConfig, arch: Any, dtype: str, folded: bool) -> Model:
-    """The family's model (jax_impl/train.py's ``build``) in ``dtype`` without remat; ``folded``: a ResNet's
-    BatchNorms reduced to biases (its ``folded_norm``)."""
-    model = build_model(config.replace(precision=dtype, remat="none"), arch)
-    return model.clone(folded_norm=True) if folded else model
+def _inference_model(config: RunConfig, arch: Any, dtype: str) -> Module:
+    """The family's module (jax_impl/train.py's ``build``) in ``dtype`` without remat."""
+    return build_model(config.replace(precision=dtype, remat="none"), arch)
 
 
-def _int8(model: Model, variables: Mapping[str, Any], device: Any) -> tuple[Predict, str]:
+def _int8(model: Model, device: Any) -> tuple[Predict, str]:
     """Weight-only INT8: the kernels dequantized inside the jitted fp32 forward (BatchNorm statistics kept)."""
-    quantized = jax.device_put(quantize_int8(variables["params"]))
+    module, variables = quantize_int8(model)
+    quantized = jax.device_put(variables["params"])
     rest = {name: value for name, value in variables.items() if name != "params"}
 
     def int8_forward(images: jax.Array) -> jax.Array:
-        return model.apply({**rest, "params": dequantize(quantized, jnp.float32)}, images, train=False)
+        return module.apply({**rest, "params": _dequantize(quantized, jnp.float32)}, images, train=False)
 
     return _host(jax.jit(int8_forward)), f"int8 kernels dequantized inside the jitted forward, on {device}"
 
@@ -134,7 +148,7 @@ def _int8_dynamic(config: RunConfig, arch: Any, variables: Mapping[str, Any], de
     int8 with one scale per tensor (``act_batch_axes=()``: torch's quantize_dynamic scales a whole tensor too), the
     dot in int8 with int32 accumulation. Raises Unavailable without qwix."""
     qwix = _qwix()
-    model = _inference_model(config, arch, "fp32", folded=False)
+    model = _inference_model(config, arch, "fp32")
     rule = qwix.QtRule(module_path=".*", op_names=("dot_general",), weight_qtype=jnp.int8, act_qtype=jnp.int8,
                        act_batch_axes=())
     return _ptq(qwix, model, rule, config, arch, variables), (
@@ -149,7 +163,7 @@ def _qwix() -> Any:
     return qwix
 
 
-def _ptq(qwix: Any, model: Model, rule: Any, config: RunConfig, arch: Any, variables: Mapping[str, Any]) -> Predict:
+def _ptq(qwix: Any, model: Module, rule: Any, config: RunConfig, arch: Any, variables: Mapping[str, Any]) -> Predict:
     """``model`` with qwix's post-training ``rule`` (the model's dots intercepted, no change to the model), its
     weights quantized once, jitted."""
     ptq = qwix.quantize_model(model, qwix.PtqProvider([rule]))
@@ -168,7 +182,7 @@ def _int4(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: An
     if not arch.int4:
         raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.name}: not here)")
     qwix = _qwix()
-    model = _inference_model(config, arch, "fp32", folded=False)
+    model = _inference_model(config, arch, "fp32")
     rule = qwix.QtRule(module_path=".*", weight_qtype=jnp.int4, tile_size=INT4_GROUP)
     return _ptq(qwix, model, rule, config, arch, variables), (
         f"qwix {qwix.__version__} INT4 weight-only PTQ of every dense kernel (symmetric, group {INT4_GROUP}; int4 "
@@ -178,11 +192,12 @@ def _int4(config: RunConfig, arch: Any, variables: Mapping[str, Any], device: An
 def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
-    model, variables = load_model(config, arch, weights)
+    model = load_model(config, arch, weights)
+    module, variables = model
     device = jax.devices()[0]
 
     def forward(images: jax.Array) -> jax.Array:
-        return model.apply(variables, images, train=False)
+        return module.apply(variables, images, train=False)
 
     if name == "eager":
         # The un-jitted call, as in training's eager step (jax_impl/train.py) and as a JAX user meets it: each
@@ -192,14 +207,12 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
         per_shape = ": one program per padded length" if arch.inputs == "tokens" else ""
         return _host(jax.jit(forward)), f"jax.jit fp32 on {device}{per_shape}"
     if name == "folded":
-        if not variables.get("batch_stats"):
-            raise Unavailable("the model has no BatchNorm statistics to fold")
-        folded = _inference_model(config, arch, "fp32", folded=True)
-        params = jax.device_put(fold_batchnorm(variables["params"], variables["batch_stats"]))
+        folded, folded_variables = fold_batchnorm(model)
+        params = jax.device_put(folded_variables["params"])
         return _host(jax.jit(lambda images: folded.apply({"params": params}, images))), \
             f"conv+BN folded into the conv weights, jax.jit fp32 on {device}"
     if name == "int8":
-        return _int8(model, variables, device)
+        return _int8(model, device)
     if name == "int8-dynamic":
         return _int8_dynamic(config, arch, variables, device)
     if name == "int8-static":

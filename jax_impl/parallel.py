@@ -20,24 +20,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from common.config import RunConfig
 from common.errors import ConfigError
+from jax_impl.mesh import AXIS
 
-AXIS = "data"
 # The process's place when a launcher of ours starts it (experiments/execution/runner.py, or by hand on several
 # machines, with JAX_COORDINATOR_ADDRESS, which JAX itself reads); unset, JAX detects SLURM, Open MPI or Kubernetes.
 PROCESS_ID_VARIABLE = "TWINRUN_PROCESS_ID"
 
 
-def start(config: RunConfig) -> None:
-    """Joins the jax.distributed run when the config spans several processes; must come before any device use."""
-    if config.processes == 1 or jax.distributed.is_initialized():
-        return
+def start(config: RunConfig) -> DataParallel | None:
+    """Joins the jax.distributed run when the config spans several processes (before any device use); the run's
+    DataParallel, None on one device."""
+    if config.processes > 1 and not jax.distributed.is_initialized():
+        _join(config)
+    return DataParallel.create(config)
+
+
+def _join(config: RunConfig) -> None:
     process_id = os.environ.get(PROCESS_ID_VARIABLE)
     try:
         jax.distributed.initialize(num_processes=config.processes,
@@ -50,50 +54,17 @@ def start(config: RunConfig) -> None:
         raise ConfigError(f"processes={config.processes} but jax.distributed joined {jax.process_count()}")
 
 
-def bn_axis_name(config: RunConfig) -> str | None:
-    """The BatchNorm axis: cross-replica statistics under shard_map / pmap when sync_bn is asked for."""
-    if config.devices > 1 and config.sync_bn and config.jax_parallel in ("shard_map", "pmap"):
-        return AXIS
-    return None
-
-
-def step_axis_name(config: RunConfig) -> str | None:
-    """The axis the step body reduces over (gradients, loss): only shard_map and pmap write collectives."""
-    return AXIS if config.devices > 1 and config.jax_parallel in ("shard_map", "pmap") else None
-
-
-def per_replica(config: RunConfig, params: Any) -> Any:
-    """The parameters as the step differentiates them. Under shard_map, replicated parameters are marked
-    device-varying first: otherwise JAX's transpose already sums their gradient over the replicas, and the
-    explicit pmean below would count it again. (pmap has no such typing: its gradients are per replica.)"""
-    if config.devices > 1 and config.jax_parallel == "shard_map":
-        return jax.lax.pcast(params, AXIS, to="varying")
-    return params
-
-
-def reduce_across_replicas(config: RunConfig, grads: Any, loss: jax.Array,
-                           batch_stats: Any) -> tuple[Any, jax.Array, Any]:
-    """Inside a shard_map / pmap step: the global batch's mean gradient and loss; BatchNorm statistics
-    either already global (sync_bn) or replica 0's."""
-    axis = step_axis_name(config)
-    if axis is None:
-        return grads, loss, batch_stats
-    grads = jax.lax.pmean(grads, axis)
-    loss = jax.lax.pmean(loss, axis)
-    if bn_axis_name(config) is None:
-        first = jax.lax.axis_index(axis) == 0  # replica 0's, by a psum (its result is replicated by type)
-        batch_stats = jax.tree.map(lambda s: jax.lax.psum(jnp.where(first, s, jnp.zeros_like(s)), axis), batch_stats)
-    return grads, loss, batch_stats
-
-
 @dataclass
 class DataParallel:
+    """The run's replicas over this process's devices (and the other processes', under jax.distributed)."""
+
     config: RunConfig
     devices: list[Any]
     mesh: Mesh
 
     @classmethod
     def create(cls, config: RunConfig) -> DataParallel | None:
+        """The replicas' mesh, None on one device."""
         if config.devices == 1:
             return None
         per_process = config.devices // config.processes
@@ -119,8 +90,10 @@ class DataParallel:
             return ["pmap: in maintenance mode since JAX 0.8 (built on jit + shard_map); sharding is the modern path"]
         return []
 
-    def parallelize(self, step: Callable) -> Callable:
-        """The single-device step made data parallel (state, images, labels, inject) -> (state, loss)."""
+    def parallelize(self, computation: Callable) -> Callable:
+        """The single-device step made data parallel (state, images, labels, inject) -> (state, loss). The step is what
+        JAX makes data parallel; torch's twin takes the model, which its step is built on."""
+        step = computation
         mode = self.config.jax_parallel
         if mode == "sharding":
             return jax.jit(step, donate_argnums=(0,))

@@ -18,30 +18,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from common.config import PIPELINE_SPLIT_STAGE, RunConfig
-from common.errors import ConfigError
+from jax_impl.checkpoint import TrainState
+from jax_impl.mesh import STAGE_AXIS as AXIS
+from jax_impl.mesh import pipeline_mesh
 from jax_impl.models import ResNet
+from jax_impl.train import Model, Optimizer, StepFn
 
-AXIS = "stage"
 STAGES = 2
 
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
-
-
-def make_mesh(config: RunConfig) -> Mesh:
-    if config.compile != "compiled":
-        raise ConfigError("the JAX pipeline needs compile=compiled: its schedule is one jitted shard_map program")
-    devices = jax.local_devices()
-    if len(devices) < STAGES:
-        raise ConfigError(f"pipeline_stages={STAGES} needs {STAGES} devices but JAX sees {len(devices)} "
-                          f"({devices[0].platform}); on a CPU host set "
-                          f"XLA_FLAGS=--xla_force_host_platform_device_count={STAGES} (the driver does)")
-    return Mesh(np.array(devices[:STAGES]), (AXIS,))
 
 
 def notes(config: RunConfig) -> list[str]:
@@ -63,7 +53,7 @@ def stage_modules(model: ResNet) -> tuple[ResNet, ResNet]:
             model.clone(part="back", split_stage=PIPELINE_SPLIT_STAGE))
 
 
-def make_loss(config: RunConfig, model: ResNet, mesh: Mesh, loss_fn: LossFn) -> Callable:
+def _make_loss(config: RunConfig, model: ResNet, mesh: Mesh, loss_fn: LossFn) -> Callable:
     """(params, batch_stats, images, labels) -> (mean micro-batch loss, new batch_stats), pipelined."""
     front, back = stage_modules(model)
     m = config.pipeline_micro_batches
@@ -104,20 +94,18 @@ def make_loss(config: RunConfig, model: ResNet, mesh: Mesh, loss_fn: LossFn) -> 
     return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P(), P()), out_specs=(P(), P()))
 
 
-def make_train_step(config: RunConfig, model: ResNet, tx: optax.GradientTransformation, mesh: Mesh, loss_fn: LossFn,
-                    state_type: type) -> Callable:
-    """The trainer's step signature (state, images, labels, inject) -> (state, loss), pipelined and jitted."""
-    pipelined = make_loss(config, model, mesh, loss_fn)
+def make_train_step(config: RunConfig, model: Model, optimizer: Optimizer, loss_fn: LossFn) -> StepFn:
+    """The trainer's step signature (state, images, labels, inject) -> (state, loss), pipelined over the stages' mesh
+    (jax_impl/mesh.py's ``pipeline_mesh``, where the state and batches are placed) and jitted."""
+    module, _ = model
+    tx = optimizer.tx
+    pipelined = _make_loss(config, module, pipeline_mesh(config), loss_fn)
 
-    def step(state: Any, images: jax.Array, labels: jax.Array, inject_inf: jax.Array) -> tuple[Any, jax.Array]:
+    def step(state: TrainState, images: jax.Array, labels: jax.Array,
+             inject_inf: jax.Array) -> tuple[TrainState, jax.Array]:
         (loss, batch_stats), grads = jax.value_and_grad(pipelined, has_aux=True)(state.params, state.batch_stats,
                                                                                  images, labels)
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        return state_type(optax.apply_updates(state.params, updates), batch_stats, opt_state, state.loss_scale), loss
+        return TrainState(optax.apply_updates(state.params, updates), batch_stats, opt_state, state.loss_scale), loss
 
     return jax.jit(step, donate_argnums=(0,))
-
-
-def place(mesh: Mesh, tree: Any) -> Any:
-    """State and batches are replicated on both stages' devices."""
-    return jax.device_put(tree, NamedSharding(mesh, P()))

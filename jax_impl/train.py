@@ -1,6 +1,9 @@
-"""The JAX training step and its parts. torch_impl/train.py has the same functions with the same roles
-(make_model, make_optimizer, loss_fn, make_train_step, evaluate, measure_saved_bytes), so the two can be read
-side by side; jax_impl/backend.py hands them to the one training loop (common/loop.py)."""
+"""The JAX training step and its parts. torch_impl/train.py has the same functions with the same parameters
+(tests/test_twins.py checks it), so the two can be read side by side; jax_impl/backend.py hands them to the one
+training loop (common/loop.py).
+
+A model here is what ``make_model`` returns: the Flax module and its variables, one value where torch has the module
+holding its parameters, so both sides' functions take one ``model``."""
 
 from __future__ import annotations
 
@@ -15,38 +18,39 @@ import optax
 from common.config import RunConfig
 from common.model_options import ModelOptions
 from common.schedule import learning_rate
-from common.weights import load_torch_keyed, torch_to_flax
+from common.weights import flax_to_torch, load_torch_keyed, save_torch_keyed, torch_to_flax
+from common.workloads import arch as describe
+from jax_impl import mesh as axes
 from jax_impl import models as registry
-from jax_impl import parallel, transformer
+from jax_impl import transformer
+from jax_impl.amp import LossScale, all_finite, compute_dtype
+from jax_impl.checkpoint import TrainState
 from jax_impl.models import init_variables
-from jax_impl.techniques import (
-    LossScale,
-    all_finite,
-    compute_dtype,
-    param_dtype,
-)
-
-
-class TrainState(NamedTuple):
-    params: Any
-    batch_stats: Any
-    opt_state: Any
-    loss_scale: LossScale
-
+from jax_impl.techniques import param_dtype
 
 StepFn = Callable[[TrainState, jax.Array, jax.Array, jax.Array], tuple[TrainState, jax.Array]]
 
 
-Model = Any  # a Flax module of one family (the registry, jax_impl/models.py)
+Module = Any  # a Flax module of one family (the registry, jax_impl/models.py)
+Model = tuple[Module, dict[str, Any]]  # the module and its variables: torch's module with its parameters
 
 
-def build(config: RunConfig, arch: Any) -> Model:
+class Optimizer(NamedTuple):
+    """What the step updates with (torch_impl/train.py's twin): optax's transformation, the LR schedule and
+    MultiSteps' accumulation inside it, and the state the step threads through its calls, from the model's variables
+    (the optimizer's and the fp16 loss scale's included: torch's objects hold theirs)."""
+
+    tx: optax.GradientTransformation
+    state: TrainState
+
+
+def build(config: RunConfig, arch: Any) -> Module:
     """The model of ``arch``'s family (the registry, jax_impl/models.py) with the run's techniques set on it."""
-    options = ModelOptions.of(config, jnp.dtype(compute_dtype(config)).name, parallel.bn_axis_name(config))
+    options = ModelOptions.of(config, jnp.dtype(compute_dtype(config)).name, axes.bn_axis_name(config))
     return registry.make_model(arch, options)
 
 
-def make_model(config: RunConfig, arch: Any) -> tuple[Model, dict[str, Any]]:
+def make_model(config: RunConfig, arch: Any) -> Model:
     model = build(config, arch)
     def init() -> dict[str, Any]:
         return init_variables(model, jax.random.key(config.seed), config.image_size)
@@ -78,10 +82,11 @@ def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
     return [f"attention: fused, jax.nn.dot_product_attention ran its {implementation} implementation{masked}"]
 
 
-def make_optimizer(config: RunConfig, total_steps: int) -> optax.GradientTransformation:
+def make_optimizer(config: RunConfig, model: Model, total_steps: int) -> Optimizer:
     """The torch optimizers' formulas: SGD = coupled weight decay added to the gradient, then momentum
     trace, then LR (torch.optim.SGD); AdamW = decoupled decay (torch.optim.AdamW). k > 1 wraps the
-    optimizer in optax.MultiSteps, which averages k micro-batch gradients and updates once."""
+    optimizer in optax.MultiSteps, which averages k micro-batch gradients and updates once (torch's step counts
+    its calls the same way). With the initial train state of ``model``'s variables."""
     def schedule(count: jax.Array) -> jax.Array:
         return learning_rate(count, config, total_steps, jnp)
 
@@ -93,33 +98,41 @@ def make_optimizer(config: RunConfig, total_steps: int) -> optax.GradientTransfo
         # the accumulator in the parameters' dtype: optax's default is fp32, which in fp64 rounded the averaged
         # gradient to fp32 (weights 6e-9 off the big batch's after 4 steps; tests/test_vit_trainers.py)
         tx = optax.MultiSteps(tx, every_k_schedule=config.grad_accum_steps, accumulator_dtype=param_dtype(config))
-    return tx
+    _, variables = model
+    # One program makes the optimizer state and the loss scale: op by op, each zeros_like of a new shape compiles
+    # on its own (17 programs, ~4 s of a cpu-preset run here, before its first step)
+    state = jax.jit(lambda params, stats: TrainState(params, stats, tx.init(params), LossScale.create(config)))(
+        variables["params"], variables.get("batch_stats", {}))
+    return Optimizer(tx, state)
 
 
-def loss_fn(config: RunConfig, logits: jax.Array, labels: jax.Array, num_classes: int) -> jax.Array:
+def loss_fn(config: RunConfig, logits: jax.Array, labels: jax.Array) -> jax.Array:
     # Softmax and loss stay fp32 (fp64 in the verification mode) whatever the compute dtype
-    # (torch: F.cross_entropy with label_smoothing).
+    # (torch: F.cross_entropy with label_smoothing). The classes are the logits' last axis, as torch reads them.
     dtype = param_dtype(config)
-    targets = optax.smooth_labels(jax.nn.one_hot(labels, num_classes, dtype=dtype), config.label_smoothing)
+    targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1], dtype=dtype), config.label_smoothing)
     return optax.softmax_cross_entropy(logits.astype(dtype), targets).mean()
 
 
-def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransformation, num_classes: int) -> StepFn:
+def make_train_step(config: RunConfig, model: Model, optimizer: Optimizer) -> StepFn:
     """One micro-batch step (with MultiSteps, every k-th call updates the parameters). fp16 scales the
-    loss, unscales the gradients and, if any is inf/nan, keeps parameters and optimizer state."""
+    loss, unscales the gradients and, if any is inf/nan, keeps parameters and optimizer state. The state is the
+    step's argument; ``model``'s variables only gave the first one (``make_optimizer``)."""
     fp16 = config.precision == "fp16"
+    module, _ = model
+    tx = optimizer.tx
 
     def gradients(state: TrainState, images: jax.Array, labels: jax.Array, inject_inf: jax.Array):
         """Forward and backward: the unscaled gradients, the loss and the new BatchNorm statistics."""
         def scaled_loss(params):
-            logits, updates = model.apply({"params": params, "batch_stats": state.batch_stats}, images,
-                                          train=True, mutable=["batch_stats"])
-            loss = loss_fn(config, logits, labels, num_classes)
+            logits, updates = module.apply({"params": params, "batch_stats": state.batch_stats}, images,
+                                           train=True, mutable=["batch_stats"])
+            loss = loss_fn(config, logits, labels)
             return loss * state.loss_scale.scale, (loss, updates.get("batch_stats", state.batch_stats))
 
-        params = parallel.per_replica(config, state.params)
+        params = axes.per_replica(config, state.params)
         (_, (loss, batch_stats)), grads = jax.value_and_grad(scaled_loss, has_aux=True)(params)
-        grads, loss, batch_stats = parallel.reduce_across_replicas(config, grads, loss, batch_stats)
+        grads, loss, batch_stats = axes.reduce_across_replicas(config, grads, loss, batch_stats)
         grads = jax.tree.map(lambda g: g / state.loss_scale.scale, grads)
         # Test hook: an overflowing gradient, as fp16 produces.
         leaves, treedef = jax.tree.flatten(grads)
@@ -160,22 +173,22 @@ def make_train_step(config: RunConfig, model: Model, tx: optax.GradientTransform
     return step
 
 
-def _eval_batch(config: RunConfig, model: Model) -> Callable:
+def _eval_batch(config: RunConfig, module: Module) -> Callable:
     """(variables, images, labels) -> (summed loss, correct predictions) of one evaluation batch, one program."""
     def scores(variables: Any, images: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
-        logits = model.apply(variables, images, train=False).astype(param_dtype(config))
+        logits = module.apply(variables, images, train=False).astype(param_dtype(config))
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
         return loss, (logits.argmax(1) == labels).sum()
 
     return scores
 
 
-def evaluate(config: RunConfig, model: Model, state: TrainState, loader) -> dict[str, float]:
+def evaluate(config: RunConfig, model: Model, loader) -> dict[str, float]:
     """Accuracy and mean loss over the evaluation loader's batches (at most ``eval_batches``)."""
     # Always jitted, the loss and the count included: evaluation is not timed, and op by op it would compile every
     # primitive again (~5 s)
-    batch_scores = jax.jit(_eval_batch(config, model))
-    variables = {"params": state.params, "batch_stats": state.batch_stats}
+    module, variables = model
+    batch_scores = jax.jit(_eval_batch(config, module))
     correct, seen, loss_sum = 0, 0, 0.0
     for number, (images, labels) in enumerate(loader.epoch(0)):
         if config.eval_batches is not None and number >= config.eval_batches:
@@ -187,8 +200,7 @@ def evaluate(config: RunConfig, model: Model, state: TrainState, loader) -> dict
     return {"accuracy": correct / seen, "loss": loss_sum / seen, "samples": seen}
 
 
-def measure_saved_bytes(config: RunConfig, model: Model, state: TrainState, images: jax.Array,
-                        labels: jax.Array) -> int:
+def measure_saved_bytes(config: RunConfig, model: Model, images: jax.Array, labels: jax.Array) -> int:
     """Bytes of the residuals JAX keeps for the backward pass of one micro-batch (the mirror of torch's
     saved-tensor hooks). Where XLA's compiled temp size hides remat's saving (XLA:CPU, seen here), this
     still shows what jax.checkpoint removed."""
@@ -196,25 +208,25 @@ def measure_saved_bytes(config: RunConfig, model: Model, state: TrainState, imag
         saved_residuals,  # public only as print_saved_residuals
     )
 
+    module, variables = model
+    batch_stats = variables.get("batch_stats", {})
+
     def loss(params):
-        logits, _ = model.apply({"params": params, "batch_stats": state.batch_stats}, images, train=True,
-                                mutable=["batch_stats"])
-        return loss_fn(config, logits, labels, model.arch.num_classes)
+        logits, _ = module.apply({"params": params, "batch_stats": batch_stats}, images, train=True,
+                                 mutable=["batch_stats"])
+        return loss_fn(config, logits, labels)
 
     # BatchNorm synchronised across replicas (shard_map, pmap) averages over a named axis: traced here under a vmap
     # of one that names it, which adds nothing to what is saved
-    axis = parallel.bn_axis_name(config)
+    axis = axes.bn_axis_name(config)
     traced = loss if axis is None else (lambda p: jax.vmap(loss, in_axes=None, axis_size=1, axis_name=axis)(p)[0])
     # Saved weights count too, as they do in torch's hooks.
-    return int(sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in saved_residuals(traced, state.params)))
+    residuals = saved_residuals(traced, variables["params"])
+    return int(sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in residuals))
 
 
-def measure_xla_memory(step_fn: StepFn, state: TrainState, images: jax.Array, labels: jax.Array) -> dict[str, int]:
-    """XLA's compiled memory analysis of the jitted step: temp (activations kept for backward, workspace)
-    and argument bytes. The timed step's own executable, from jit's cache: no second compilation."""
-    analysis = step_fn.lower(state, images, labels, jnp.asarray(False)).compile().memory_analysis()  # type: ignore[attr-defined]
-    if analysis is None:
-        return {}
-    return {"xla_temp_bytes": int(analysis.temp_size_in_bytes),
-            "xla_argument_bytes": int(analysis.argument_size_in_bytes),
-            "xla_output_bytes": int(analysis.output_size_in_bytes)}
+def export_initial_weights(config: RunConfig, num_classes: int, path: str) -> None:
+    """Writes this config's freshly initialised Flax weights as a torch-keyed .npz (torch_impl/train.py's twin; the
+    paired runs start from the initialiser's: experiments/execution/frameworks.py's INITIALISER, torch)."""
+    _, variables = make_model(config.replace(init_weights=None), describe(config, num_classes))
+    save_torch_keyed(path, flax_to_torch(variables))

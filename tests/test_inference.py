@@ -47,7 +47,7 @@ def test_torch_folding_equals_the_unfolded_model(trained):
     from torch_impl.inference import fold_batchnorm, load_model
 
     config, weights = trained
-    model = load_model(config, arch(config, 10), weights, torch.device("cpu"))
+    model = load_model(config, arch(config, 10), weights).cpu()
     folded = fold_batchnorm(model)
     assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in folded.modules())
     images = torch.from_numpy(_images(config, 16).transpose(0, 3, 1, 2).copy())
@@ -59,12 +59,11 @@ def test_jax_folding_equals_the_unfolded_model(trained):
     import jax
 
     from jax_impl.inference import fold_batchnorm, load_model
-    from jax_impl.models import make_model
 
     config, weights = trained
     model, variables = load_model(config, arch(config, 10), weights)
-    folded = make_model(arch(config, 10)).clone(folded_norm=True)
-    params = fold_batchnorm(variables["params"], variables["batch_stats"])
+    folded, folded_variables = fold_batchnorm((model, variables))
+    params = folded_variables["params"]
     assert "scale" not in params["layer1_0"]["bn1"] and "bias" in params["layer1_0"]["bn1"]
     images = _images(config, 16)
     expected = np.asarray(jax.jit(lambda x: model.apply(variables, x))(images))
@@ -76,10 +75,11 @@ def test_the_onnx_export_equals_torch(trained, tmp_path):
     import onnxruntime as ort
     import torch
 
-    from torch_impl.inference import export_onnx, load_model
+    from torch_impl.inference import _export_onnx as export_onnx
+    from torch_impl.inference import load_model
 
     config, weights = trained
-    model = load_model(config, arch(config, 10), weights, torch.device("cpu"))
+    model = load_model(config, arch(config, 10), weights).cpu()
     session = ort.InferenceSession(str(export_onnx(model, tmp_path / "m.onnx", 32)), providers=["CPUExecutionProvider"])
     images = _images(config, 8).transpose(0, 3, 1, 2).copy()
     with torch.inference_mode():

@@ -97,7 +97,7 @@ def test_reported_accuracy_is_the_accuracy_on_the_test_split(cifar100_archive: P
                        timing_warmup=1, save_weights=str(weights))
     result = fit(config)
     assert result.ok and result.eval is not None and result.eval.samples == 200
-    model = make_model(config.replace(init_weights=str(weights)), arch(config, 100), torch.device("cpu")).eval()
+    model = make_model(config.replace(init_weights=str(weights)), arch(config, 100)).cpu().eval()
     _, test_source = open_sources(config)
     mean, std = channel_stats("cifar100")
     images = torch.from_numpy(np.stack([normalise(test_source[i][0], mean, std) for i in range(len(test_source))]))

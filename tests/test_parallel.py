@@ -103,7 +103,7 @@ def test_jax_on_two_processes_killed_and_resumed_ends_where_one_device_does(jax_
     assert weight_gap(one, resumed) < TOLERANCE
 
 
-def test_absent_devices_and_cpu_syncbatchnorm_are_named():
+def test_absent_devices_and_cpu_syncbatchnorm_are_named(monkeypatch):
     import torch
 
     from jax_impl.parallel import DataParallel
@@ -111,9 +111,9 @@ def test_absent_devices_and_cpu_syncbatchnorm_are_named():
 
     with pytest.raises(ConfigError, match="xla_force_host_platform_device_count"):
         DataParallel.create(RunConfig(devices=64, compile="compiled"))
+    monkeypatch.setattr(torch_parallel, "current_device", lambda: torch.device("cpu"))  # as on a CPU host
     with pytest.raises(ConfigError, match="SyncBatchNorm runs on GPUs only"):
-        torch_parallel.wrap(torch.nn.Linear(2, 2), RunConfig(sync_bn=True), torch_parallel.Replica(),
-                            torch.device("cpu"))
+        torch_parallel.start(RunConfig(sync_bn=True))
     with pytest.raises(ConfigError, match="needs 2 processes"):
         torch_parallel.start(RunConfig(devices=2))
     with pytest.raises(ConfigError, match="sync_bn"):

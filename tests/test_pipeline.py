@@ -66,7 +66,7 @@ def test_pipeline_combinations_that_are_not_built_are_named():
         RunConfig(pipeline_stages=2, devices=2)
     with pytest.raises(ConfigError, match="pipeline_stages must be 1 or 2"):
         RunConfig(pipeline_stages=3)
-    from jax_impl.pipeline import make_mesh
+    from jax_impl.mesh import pipeline_mesh
 
     with pytest.raises(ConfigError, match="compile=compiled"):
-        make_mesh(RunConfig(pipeline_stages=2))
+        pipeline_mesh(RunConfig(pipeline_stages=2))

@@ -422,7 +422,7 @@ def test_torch_onnx_leaves_no_temporary_folder(tmp_path, monkeypatch):
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
         return path
 
-    monkeypatch.setattr(inference, "export_onnx", export)
+    monkeypatch.setattr(inference, "_export_onnx", export)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     predict, note = inference._onnxruntime(None, RunConfig(), type("Arch", (), {"inputs": "images"})())
     assert predict(np.zeros((1, 32, 32, 3), np.float32)).shape == (1, 3, 32, 32) and "opset 17" in note

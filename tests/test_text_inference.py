@@ -71,11 +71,12 @@ def test_the_onnx_export_takes_any_length_and_equals_torch(trained, tmp_path):
     import onnxruntime as ort
     import torch
 
-    from torch_impl.inference import export_text_onnx, load_model
+    from torch_impl.inference import _export_text_onnx as export_text_onnx
+    from torch_impl.inference import load_model
 
     config, weights = trained
     description = arch(config, 4)
-    model = load_model(config, description, weights, torch.device("cpu"))
+    model = load_model(config, description, weights).cpu()
     path = export_text_onnx(model, tmp_path / "text.onnx", description.max_len)
     graph = onnx.load(str(path)).graph
     (tokens,) = graph.input

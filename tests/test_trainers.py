@@ -134,7 +134,7 @@ def test_checkpointing_gradients_unchanged_torch(base):
     x = torch.randn(8, 3, 32, 32, dtype=torch.float64)
     grads = []
     for stages in ((), (1, 2, 3, 4)):
-        model = make_model(config, arch(config, 100), torch.device("cpu"))
+        model = make_model(config, arch(config, 100)).cpu()
         model.checkpoint_stages = frozenset(stages)
         model(x).logsumexp(1).mean().backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})

@@ -33,7 +33,7 @@ from experiments.execution.parity import (
 from jax_impl import transformer as flax_vit
 from jax_impl.models import init_variables
 from torch_impl import transformer as torch_vit
-from torch_impl.techniques import count_saved_bytes
+from torch_impl.train import _count_saved_bytes as count_saved_bytes
 
 POOLS = ("cls", "mean")
 KERNELS = ("naive", "fused")

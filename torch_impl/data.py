@@ -13,10 +13,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from common.config import RunConfig
 from common.data import EpochSampler, Source
 from common.data.batches import loader_sampler, make_batch_maker
 from common.data.loader_options import LoaderOptions
 from common.timing import time_batches
+from torch_impl.techniques import param_dtype
 
 BatchKey = tuple[int, np.ndarray]
 
@@ -102,6 +104,25 @@ def make_loader(source: Source, options: LoaderOptions, *, train: bool) -> Torch
 
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def current_device() -> torch.device:
+    """The device this process computes on: torch's current CUDA device (the replica's own once
+    torch_impl/parallel.py's ``start`` has set it), or the CPU. The models carry it from there (their parameters'
+    device), so no function takes a device of its own: JAX's twin has none to take either."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def to_device(config: RunConfig, images: torch.Tensor, labels: torch.Tensor, device: torch.device):
+    """A host batch on ``device``, images in the run's parameter dtype and memory format (token ids as they are)."""
+    non_blocking = config.pin_mem and device.type == "cuda"
+    images = images.to(device, non_blocking=non_blocking)
+    if not images.is_floating_point():  # a text batch's token ids: an index, never a value to cast
+        return images, labels.to(device, non_blocking=non_blocking)
+    images = images.to(param_dtype(config))
+    if config.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images, labels.to(device, non_blocking=non_blocking)
 
 
 def synchronize(device: torch.device) -> None:

@@ -20,8 +20,8 @@ import torch
 from common.config import RunConfig
 from common.data.text import CLS
 from common.inference import VARIANTS, dequantize_shape, int8_per_channel
+from torch_impl.compilation import compile_count, compiled, recompile_limit_hits
 from torch_impl.data import default_device, synchronize, to_nchw
-from torch_impl.techniques import compile_counter, compiled, recompile_limit_hits
 from torch_impl.train import make_model
 
 Predict = Callable[[np.ndarray], np.ndarray]
@@ -39,8 +39,9 @@ INT4_GROUP = 32  # input channels sharing one scale: divides every text encoder'
 TORCHAO_PIP = "pip install torchao==0.18.0"  # the version checked against torch 2.14.1 on this CPU
 
 
-def load_model(config: RunConfig, arch: Any, weights: str | None, device: torch.device) -> torch.nn.Module:
-    return make_model(config.replace(init_weights=weights, precision="fp32"), arch, device).eval()
+def load_model(config: RunConfig, arch: Any, weights: str | None) -> torch.nn.Module:
+    """The fp32 model with ``weights``, in eval mode, on this process's device (torch_impl/train.py's make_model)."""
+    return make_model(config.replace(init_weights=weights, precision="fp32"), arch).eval()
 
 
 def fold_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
@@ -72,7 +73,7 @@ def _dequantize_weight(layer: torch.nn.Module, inputs: Any) -> None:
     layer.weight = layer.weight_int8.to(torch.float32) * layer.weight_scale
 
 
-def quantize_int8_static(model: torch.nn.Module, calibration: list[np.ndarray]) -> torch.nn.Module:
+def _quantize_int8_static(model: torch.nn.Module, calibration: list[np.ndarray]) -> torch.nn.Module:
     """Post-training static INT8 (torch.ao FX graph mode, x86 backend: per-channel int8 weights, uint8
     activations with observed ranges; conv+BN+ReLU fused first). torch 2.14 no longer ships
     torch.ao's PT2E entry points (they moved to torchao); FX mode needs no extra dependency. Raises Unavailable
@@ -94,7 +95,7 @@ def quantize_int8_static(model: torch.nn.Module, calibration: list[np.ndarray]) 
     return convert_fx(prepared)
 
 
-def quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
+def _quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
     """Dynamic INT8 of every Linear layer (torch.ao eager mode, x86: int8 weights per output channel; activations
     quantized per call from their observed range, no calibration); the rest stays fp32."""
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
@@ -104,7 +105,7 @@ def quantize_int8_dynamic(model: torch.nn.Module) -> torch.nn.Module:
     return quantize_dynamic(model, {torch.nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
-def quantize_int4(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
+def _quantize_int4(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
     """INT4 weight-only of every Linear layer with torchao (symmetric, one scale per INT4_GROUP input channels; the
     activations stay fp32 and each weight is dequantized in the forward), and torchao's version. Raises Unavailable
     without torchao."""
@@ -123,14 +124,14 @@ def quantize_int4(model: torch.nn.Module) -> tuple[torch.nn.Module, str]:
 def _int4(model: torch.nn.Module, arch: Any) -> tuple[Predict, str]:
     if not arch.int4:
         raise Unavailable(f"INT4 weight-only is measured for the text encoder only ({arch.name}: not here)")
-    quantized, version = quantize_int4(model)
+    quantized, version = _quantize_int4(model)
     return _predictor(quantized, torch.device("cpu")), (
         f"torchao {version} INT4 weight-only of the Linear layers (IntxWeightOnlyConfig, symmetric, group "
         f"{INT4_GROUP}; int4 values held in int8 and dequantized per call: no packed int4 CPU kernel), fp32 "
         f"activations, CPU")
 
 
-def export_onnx(model: torch.nn.Module, path: Path, image_size: int) -> Path:
+def _export_onnx(model: torch.nn.Module, path: Path, image_size: int) -> Path:
     """ONNX with a dynamic batch axis (TorchScript exporter: the dynamo one needs onnxscript)."""
     example = torch.zeros(1, 3, image_size, image_size)
     torch.onnx.export(copy.deepcopy(model).cpu().eval(), (example,), str(path), dynamo=False, input_names=["images"],
@@ -138,7 +139,7 @@ def export_onnx(model: torch.nn.Module, path: Path, image_size: int) -> Path:
     return path
 
 
-def export_text_onnx(model: torch.nn.Module, path: Path, max_len: int) -> Path:
+def _export_text_onnx(model: torch.nn.Module, path: Path, max_len: int) -> Path:
     """A text encoder as ONNX with dynamic batch and sequence axes over int32 tokens (what the batch maker makes;
     the embedding's Gather takes them as they are). The padding mask (tokens != 0) is computed inside the graph
     from the tokens, as in the model, so the graph takes tokens alone. The traced example is 2 x 16 (< max_len):
@@ -171,7 +172,7 @@ def _predictor(module: Callable[[torch.Tensor], torch.Tensor], device: torch.dev
 def compile_counts(predict: Predict) -> dict[str, int]:
     """Running counts of this process's torch.compile work (graphs compiled, frames that reached the recompile limit
     and run eagerly for new shapes since): the caller takes their difference around a warm-up."""
-    return {"graphs": compile_counter(), "recompile-limit hits": recompile_limit_hits()}
+    return {"graphs": compile_count(), "recompile-limit hits": recompile_limit_hits()}
 
 
 def _onnxruntime(model: torch.nn.Module, config: RunConfig, arch: Any) -> tuple[Predict, str]:
@@ -182,8 +183,8 @@ def _onnxruntime(model: torch.nn.Module, config: RunConfig, arch: Any) -> tuple[
     text = arch.inputs == "tokens"
     # The exported file is needed only until the session has read it: a folder of its own, removed right after.
     with tempfile.TemporaryDirectory(prefix="twinrun-onnx-") as folder:
-        path = (export_text_onnx(model, Path(folder) / "model.onnx", arch.max_len) if text
-                else export_onnx(model, Path(folder) / "model.onnx", config.image_size))
+        path = (_export_text_onnx(model, Path(folder) / "model.onnx", arch.max_len) if text
+                else _export_onnx(model, Path(folder) / "model.onnx", config.image_size))
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         opset = _opset(path)
     feed = "tokens" if text else "images"
@@ -209,7 +210,7 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
     device = default_device()
-    model = load_model(config, arch, weights, device)
+    model = load_model(config, arch, weights)
     if name == "eager":
         return _predictor(model, device), f"eager fp32 on {device}"
     if name == "compiled" and arch.inputs == "tokens":  # the run's shape handling decides how many graphs it makes
@@ -223,11 +224,11 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
     if name == "int8":
         return _predictor(quantize_int8(model), cpu), "int8 weights dequantized by a forward pre-hook, eager, CPU"
     if name == "int8-dynamic":
-        return _predictor(quantize_int8_dynamic(model), cpu), (
+        return _predictor(_quantize_int8_dynamic(model), cpu), (
             "torch.ao quantize_dynamic of the Linear layers (x86 kernels; activations per tensor, asymmetric uint8), "
             "eager, CPU")
     if name == "int8-static":
-        return _predictor(quantize_int8_static(model, calibration), cpu), (
+        return _predictor(_quantize_int8_static(model, calibration), cpu), (
             "torch.ao FX static INT8 (x86 kernels: int8 weights per channel, uint8 activations), CPU")
     if name == "int4":
         return _int4(model, arch)

@@ -6,7 +6,7 @@ Every process builds the whole model from the same weights and trains its own st
 gradients on that stage's parameters only). The last stage computes the loss; the schedule scales the summed
 micro-batch gradients by 1/micro-batches, so a step equals gradient accumulation over the same micro-batches
 on the unsplit model (and, with GroupNorm, the whole batch). Evaluation and the saved weights need the whole
-model: ``gather_to_first`` sends the second stage's tensors to rank 0."""
+model: torch_impl/backend.py's ``gather`` sends the second stage's tensors to rank 0."""
 
 from __future__ import annotations
 
@@ -18,11 +18,9 @@ from torch import nn
 
 from common.config import PIPELINE_SPLIT_STAGE, RunConfig
 from torch_impl.models import ResNet
-from torch_impl.parallel import Replica
+from torch_impl.train import Optimizer, StepFn
 
 STAGES = 2
-
-StepFn = Callable[[list[tuple[torch.Tensor, torch.Tensor]], bool], torch.Tensor]
 
 
 def stage_modules(model: ResNet) -> list[nn.Sequential]:
@@ -42,41 +40,35 @@ def notes(config: RunConfig) -> list[str]:
             f"(torch.distributed.pipelining)"]
 
 
-def make_train_step(config: RunConfig, model: ResNet, optimizer, scheduler, replica: Replica, device: torch.device,
+def make_train_step(config: RunConfig, model: ResNet, optimizer: Optimizer,
                     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> StepFn:
-    """The trainer's step (micro_batches, inject_inf) -> mean micro-batch loss, the same value on every rank.
-    The trainer's one "micro-batch" is the whole batch; the schedule cuts it into the pipeline's own."""
-    module = stage_modules(model)[replica.rank]
+    """The trainer's step (images, labels, inject_inf) -> mean micro-batch loss, the same value on every rank, for
+    this process's stage (its rank). The step's batch is the whole batch; the schedule cuts it into the pipeline's
+    own micro-batches."""
+    rank, device = dist.get_rank(), next(model.parameters()).device
+    module = stage_modules(model)[rank]
     if config.compile == "compiled":
         module = torch.compile(module, mode=config.torchcompile_mode)
     # imported here, not with the module: torch.distributed.pipelining takes ~2 s to import, which every torch run
     # (the backend imports this module) paid before, pipelined or not
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-    stage = PipelineStage(module, replica.rank, STAGES, device)
+    stage = PipelineStage(module, rank, STAGES, device)
     schedule = ScheduleGPipe(stage, n_microbatches=config.pipeline_micro_batches, loss_fn=loss_fn, scale_grads=True)
-    last = replica.rank == STAGES - 1
+    last = rank == STAGES - 1
+    update, scheduler, _ = optimizer  # fp16 (GradScaler) is not built with the pipeline (common/config.py)
 
-    def step(micro_batches: list[tuple[torch.Tensor, torch.Tensor]], inject_inf: bool = False) -> torch.Tensor:
-        (images, labels), = micro_batches
-        optimizer.zero_grad(set_to_none=True)
+    def step(images: torch.Tensor, labels: torch.Tensor, inject_inf: bool = False) -> torch.Tensor:
+        update.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         if last:
             schedule.step(target=labels, losses=losses)
         else:
             schedule.step(images)
-        optimizer.step()  # parameters without a gradient (the other stage's) are left alone
+        update.step()  # parameters without a gradient (the other stage's) are left alone
         scheduler.step()
         loss = torch.stack(losses).mean().detach() if last else torch.zeros((), dtype=images.dtype, device=device)
         dist.broadcast(loss, src=STAGES - 1)
         return loss
 
     return step
-
-
-def gather_to_first(model: ResNet, replica: Replica) -> None:
-    """Rank 0 receives the second stage's parameters and buffers (BatchNorm statistics), so that it holds the
-    whole trained model; every rank must call it."""
-    with torch.no_grad():
-        for tensor in stage_modules(model)[1].state_dict().values():
-            dist.broadcast(tensor, src=1)

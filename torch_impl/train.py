@@ -1,11 +1,15 @@
-"""The torch training step and its parts. jax_impl/train.py has the same functions with the same roles
-(make_model, make_optimizer, loss_fn, make_train_step, evaluate, measure_saved_bytes), so the two can be read
-side by side; torch_impl/backend.py hands them to the one training loop (common/loop.py)."""
+"""The torch training step and its parts. jax_impl/train.py has the same functions with the same parameters
+(tests/test_twins.py checks it), so the two can be read side by side; torch_impl/backend.py hands them to the one
+training loop (common/loop.py).
+
+A model lives on this process's device (torch_impl/data.py's ``current_device``) from ``make_model`` on, and the
+functions here read the device from its parameters: none takes a device of its own, as JAX's take none."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -17,18 +21,27 @@ from common.schedule import learning_rate
 from common.weights import load_torch_keyed, save_torch_keyed
 from common.workloads import arch as describe
 from torch_impl import models as registry
-from torch_impl import parallel, transformer
-from torch_impl.techniques import (
-    AMP_DTYPES,
-    autocast,
-    compile_optimizer_step,
-    compiled,
-    compiles_update,
-    count_saved_bytes,
-    param_dtype,
-)
+from torch_impl import transformer
+from torch_impl.amp import AMP_DTYPES, autocast, make_grad_scaler
+from torch_impl.compilation import compile_optimizer_step, compiled, compiles_update
+from torch_impl.data import current_device, to_device
+from torch_impl.techniques import param_dtype
 
-StepFn = Callable[[list[tuple[torch.Tensor, torch.Tensor]], bool], torch.Tensor]
+# (images, labels, inject_inf) -> the micro-batch's loss; every k-th call updates (JAX's optax.MultiSteps' rhythm)
+StepFn = Callable[[torch.Tensor, torch.Tensor, bool], torch.Tensor]
+
+
+class Optimizer(NamedTuple):
+    """What the step updates with (jax_impl/train.py's twin): the optimizer, the LR schedule as a LambdaLR and the fp16
+    loss scale (GradScaler), each holding its own state, as torch's objects do."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
 
 
 def build(config: RunConfig, arch: Any) -> torch.nn.Module:
@@ -36,7 +49,11 @@ def build(config: RunConfig, arch: Any) -> torch.nn.Module:
     return registry.make_model(arch, ModelOptions.of(config))
 
 
-def make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.Module:
+def make_model(config: RunConfig, arch: Any) -> torch.nn.Module:
+    return _make_model(config, arch, current_device())
+
+
+def _make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.Module:
     torch.manual_seed(config.seed)
     model = build(config, arch)
     if config.init_weights:
@@ -47,7 +64,7 @@ def make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.M
     return model.to(device=device, dtype=param_dtype(config))
 
 
-def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str]:
+def kernel_notes(config: RunConfig, arch: Any) -> list[str]:
     """Which attention kernel this run's transformer runs: --attention's choice and, for fused, the backend
     F.scaled_dot_product_attention picks for the run's shapes and dtype on this device (a text encoder's with its
     padding mask, which some backends refuse)."""
@@ -56,7 +73,7 @@ def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str
         return [f"attention={config.attention}: no effect on {arch.name} (no attention)"] if unused else []
     if config.attention == "naive":
         return ["attention: naive (softmax(QK^T/sqrt(d))V written out, softmax in fp32)"]
-    dtype = AMP_DTYPES.get(config.precision, param_dtype(config))
+    dtype, device = AMP_DTYPES.get(config.precision, param_dtype(config)), current_device()
     q = torch.zeros(config.batch_size, arch.heads, arch.tokens, arch.head_dim, device=device, dtype=dtype)
     mask = torch.ones(config.batch_size, arch.tokens, device=device, dtype=torch.bool) if arch.masked else None
     kernel = transformer.fused_kernel(q, q, q, mask)
@@ -64,9 +81,9 @@ def kernel_notes(config: RunConfig, arch: Any, device: torch.device) -> list[str
     return [f"attention: fused, F.scaled_dot_product_attention ran its {kernel} kernel{masked}"]
 
 
-def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int):
-    """SGD (momentum, coupled weight decay) or AdamW, and the shared LR formula as a LambdaLR. A compiled update
-    (``compiles_update``) takes its LR as a tensor, which the scheduler fills in place."""
+def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int) -> Optimizer:
+    """SGD (momentum, coupled weight decay) or AdamW, the shared LR formula as a LambdaLR and the GradScaler. A
+    compiled update (``compiles_update``) takes its LR as a tensor, which the scheduler fills in place."""
     lr = torch.tensor(config.effective_lr) if compiles_update(config) else config.effective_lr
     if config.optimizer == "sgd":
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=config.momentum,
@@ -78,7 +95,7 @@ def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int):
         optimizer, lambda step: float(learning_rate(step, config, total_steps, np)) / config.effective_lr)
     if compiles_update(config):  # after the scheduler, which wraps the eager step to see it called
         compile_optimizer_step(optimizer)
-    return optimizer, scheduler
+    return Optimizer(optimizer, scheduler, make_grad_scaler(config, _device_of(model)))
 
 
 def loss_fn(config: RunConfig, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -86,39 +103,53 @@ def loss_fn(config: RunConfig, logits: torch.Tensor, labels: torch.Tensor) -> to
     return F.cross_entropy(logits.to(param_dtype(config)), labels, label_smoothing=config.label_smoothing)
 
 
-def make_train_step(config: RunConfig, model: torch.nn.Module, optimizer, scheduler, scaler, device) -> StepFn:
-    """One optimizer step over k micro-batches: loss / k accumulated by backward, then one update.
-    ``model`` may be DDP-wrapped: its gradients are then all-reduced on the last micro-batch only.
+def make_train_step(config: RunConfig, model: torch.nn.Module, optimizer: Optimizer) -> StepFn:
+    """One micro-batch step: its loss / k accumulated by backward, and on every k-th call one update (as
+    optax.MultiSteps does in JAX's step). ``model`` may be DDP-wrapped: its gradients are then all-reduced on the k-th
+    call only.
 
-    Returns the mean micro-batch loss (a device tensor; the caller synchronizes)."""
+    Returns the micro-batch's loss (a device tensor; the caller synchronizes)."""
     forward = compiled(config, model) if config.compile == "compiled" else model
     k = config.grad_accum_steps
+    device = _device_of(model)
+    update, scheduler, scaler = optimizer
+    calls = [0]
 
-    def step(micro_batches: list[tuple[torch.Tensor, torch.Tensor]], inject_inf: bool = False) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=device, dtype=param_dtype(config))
-        for index, (images, labels) in enumerate(micro_batches):
-            with parallel.no_sync(model, last_micro_batch=index == len(micro_batches) - 1):
-                with autocast(config, device):
-                    logits = forward(images)
-                loss = loss_fn(config, logits, labels)
-                scaler.scale(loss / k).backward()
-            total += loss.detach()
+    def step(images: torch.Tensor, labels: torch.Tensor, inject_inf: bool = False) -> torch.Tensor:
+        first, last = calls[0] % k == 0, calls[0] % k == k - 1
+        calls[0] += 1
+        if first:
+            update.zero_grad(set_to_none=True)
+        with _no_sync(model, last):
+            with autocast(config, device):
+                logits = forward(images)
+            loss = loss_fn(config, logits, labels)
+            scaler.scale(loss / k).backward()
+        if not last:
+            return loss.detach()
         if inject_inf:  # test hook: an overflowing gradient, as fp16 produces
             next(model.parameters()).grad.fill_(float("inf"))
         scale_before = scaler.get_scale()
-        scaler.step(optimizer)
+        scaler.step(update)
         scaler.update()
         # A step the scaler skipped is no optimizer step: the schedule stays where it is (as in JAX).
         if not (scaler.is_enabled() and scaler.get_scale() < scale_before):
             scheduler.step()
-        return total / len(micro_batches)
+        return loss.detach()
 
     return step
 
 
-def evaluate(config: RunConfig, model: torch.nn.Module, loader, device: torch.device) -> dict[str, float]:
+def _no_sync(model: torch.nn.Module, last_micro_batch: bool) -> contextlib.AbstractContextManager:
+    """Accumulation under DDP: gradients are all-reduced once per optimizer step, on the last micro-batch only."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last_micro_batch:
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def evaluate(config: RunConfig, model: torch.nn.Module, loader) -> dict[str, float]:
     """Accuracy and mean loss over the evaluation loader's batches (at most ``eval_batches``)."""
+    device = _device_of(model)
     model.eval()
     correct, seen, loss_sum = 0, 0, 0.0
     with torch.no_grad():
@@ -135,22 +166,16 @@ def evaluate(config: RunConfig, model: torch.nn.Module, loader, device: torch.de
     return {"accuracy": correct / seen, "loss": loss_sum / seen, "samples": seen}
 
 
-def to_device(config: RunConfig, images: torch.Tensor, labels: torch.Tensor, device: torch.device):
-    non_blocking = config.pin_mem and device.type == "cuda"
-    images = images.to(device, non_blocking=non_blocking)
-    if not images.is_floating_point():  # a text batch's token ids: an index, never a value to cast
-        return images, labels.to(device, non_blocking=non_blocking)
-    images = images.to(param_dtype(config))
-    if config.channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images, labels.to(device, non_blocking=non_blocking)
-
-
-def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch.Tensor, device) -> int:
-    """Bytes saved for backward by one forward pass of the (uncompiled) model on one micro-batch."""
+def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch.Tensor,
+                        labels: torch.Tensor) -> int:
+    """Bytes saved for backward by one forward and loss of the (uncompiled) model on one micro-batch (JAX's twin
+    counts the residuals of the same loss). Before, the summed logits were differentiated instead of the loss: the
+    loss's softmax (batch x classes) adds its few bytes to the model's activations."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    with count_saved_bytes() as saved, autocast(config, device):
-        model(images).float().sum().backward()
+    with _count_saved_bytes() as saved:
+        with autocast(config, _device_of(model)):
+            logits = model(images)
+        loss_fn(config, logits, labels).backward()
     model.zero_grad(set_to_none=True)
     model.load_state_dict(state)  # the extra pass must not move BatchNorm statistics
     return saved[0]
@@ -159,5 +184,23 @@ def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch
 def export_initial_weights(config: RunConfig, num_classes: int, path: str) -> None:
     """Writes this config's freshly initialised torch weights as a torch-keyed .npz, so the JAX run
     starts from exactly the same weights (the pairing of every comparison)."""
-    model = make_model(config.replace(init_weights=None), describe(config, num_classes), torch.device("cpu"))
+    # on the CPU whatever the process's device: the weights are written from there (no CUDA started for them)
+    model = _make_model(config.replace(init_weights=None), describe(config, num_classes), torch.device("cpu"))
     save_torch_keyed(path, {k: v.float().numpy() for k, v in model.state_dict().items() if v.is_floating_point()})
+
+
+@contextlib.contextmanager
+def _count_saved_bytes() -> Iterator[list[int]]:
+    """Bytes autograd saves for the backward pass while the block runs (what checkpointing reduces)."""
+    total = [0]
+    seen: set[int] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
+        if key not in seen:  # several ops may save views of one storage
+            seen.add(key)
+            total[0] += tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield total

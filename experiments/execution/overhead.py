@@ -47,13 +47,14 @@ def _torch_minimal(config: RunConfig, arch: Any, batches: list[HostBatch], warmu
     import torch
     import torch.nn.functional as F
 
-    from torch_impl.data import default_device, synchronize, to_nchw
-    from torch_impl.techniques import apply_flags, autocast
+    from torch_impl.amp import autocast
+    from torch_impl.data import current_device, synchronize, to_nchw
+    from torch_impl.techniques import apply_flags
     from torch_impl.train import make_model
 
-    device = default_device()
-    apply_flags(config, device)
-    model = make_model(config, arch, device)
+    device = current_device()
+    apply_flags(config)
+    model = make_model(config, arch)
     forward = torch.compile(model, mode=config.torchcompile_mode) if config.compile == "compiled" else model
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay)
