@@ -23,12 +23,6 @@ if "TWINRUN_SHARED_INDUCTOR_CACHE" not in os.environ:
     os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"] = tempfile.mkdtemp(prefix="twinrun-test-inductor-cache-")
     atexit.register(shutil.rmtree, os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"], ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-# XLA:CPU's LLVM backend at -O0 for the suite (never for the driver's own use): the suite's small models spend most of
-# their JAX time compiling, and -O0 halves that (a 20-step jitted ResNet-18/8 fit: 30.4 s -> 14.8 s wall, compile
-# 13.0 -> 7.6 s, steps 96 -> 168 ms; AMD EPYC, 2026-12-06). The arithmetic stays IEEE (no fast-math either way);
-# only which products are fused into FMAs may change, a rounding-level difference the tolerances already allow.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 # Under pytest-xdist (`make test`: 2 workers on 2 cores) each worker, and every run it starts, takes one OpenMP
 # thread: two processes of 2 spinning threads each on 2 cores thrash (a time-to-accuracy ladder took 416 s beside
 # another worker, 79 s alone; tests/test_text_inference.py saw 40 s instead of 2 s). Set before torch is imported.
