@@ -168,9 +168,8 @@ def evaluate(config: RunConfig, model: torch.nn.Module, loader) -> dict[str, flo
 
 def measure_saved_bytes(config: RunConfig, model: torch.nn.Module, images: torch.Tensor,
                         labels: torch.Tensor) -> int:
-    """Bytes saved for backward by one forward and loss of the (uncompiled) model on one micro-batch (JAX's twin
-    counts the residuals of the same loss). Before, the summed logits were differentiated instead of the loss: the
-    loss's softmax (batch x classes) adds its few bytes to the model's activations."""
+    """Bytes saved for backward by one forward and loss of the (uncompiled) model on one micro-batch: the model's
+    activations and the loss's softmax (batch x classes), as JAX's twin counts the residuals of the same loss."""
     state = {k: v.clone() for k, v in model.state_dict().items()}
     with _count_saved_bytes() as saved:
         with autocast(config, _device_of(model)):
