@@ -25,7 +25,7 @@
 #   PRESET=tiny experiments/gpu_check.sh OUT     # on a CPU (slow, tiny): what CI runs so the script does not rot
 #   DATA=path/to/cifar-100-python.tar.gz ...      # the real data set (default: a generated one, same format)
 #   VIT_MODEL=vit-tiny ...                        # a smaller ViT for the ViT sweeps (default vit-s; tiny: vit-micro)
-#   LADDER_RUNGS=amp,compile ...                  # the ladder's techniques (default: all; tiny: amp,compile)
+#   LADDER_RUNGS=amp,compile ...                  # the ladder's techniques (default: all; tiny: compile)
 #   SWEEP_FRAMEWORK=torch ...                     # the checkpointing sweep's framework(s) (default both; tiny: torch)
 #
 # Every run is its own process with a timeout, so one failure is recorded in its table and the rest go on.
@@ -60,12 +60,13 @@ else
     ACCURACY=(--rungs flags --no-ablations --to-accuracy "${TARGET:-0.03}" --epochs 2 --repeats 2
               --framework "${ACCURACY_FRAMEWORK:-torch}")
     ABLATIONS=--no-ablations
-    # CI's CPU: a ladder of two techniques, amp and compile (the loader and the flags keep the baseline's settings),
-    # so that JAX runs op by op twice, not four times; the loader and flags rungs run end to end in
-    # tests/test_ladder.py (the resumed ladder: torch; the flags verdict: both frameworks) and the ladder's plan of
-    # every rung in tests/test_ladder_answers.py. The checkpointing sweep: torch (tests/test_trainers.py measures
-    # both frameworks' saved activations, end to end in each trainer).
-    LADDER_RUNGS=${LADDER_RUNGS:-amp,compile}; SWEEP_FRAMEWORK=${SWEEP_FRAMEWORK:-torch}
+    # CI's CPU: a ladder of one technique, compile (jax.jit and torch.compile: what a GPU run most needs to work),
+    # so that JAX runs op by op once, not three times (an amp rung cost the suite ~40 s: JAX's bf16 op by op); the
+    # loader and flags rungs run end to end in tests/test_ladder.py (the resumed ladder: torch; the flags verdict:
+    # both frameworks), amp's dtypes in tests/test_trainers.py (both frameworks' bf16 and fp16 against fp32) and the
+    # ladder's plan of every rung in tests/test_ladder_answers.py. The checkpointing sweep: torch
+    # (tests/test_trainers.py measures both frameworks' saved activations, end to end in each trainer).
+    LADDER_RUNGS=${LADDER_RUNGS:-compile}; SWEEP_FRAMEWORK=${SWEEP_FRAMEWORK:-torch}
     # CI's CPU: one run per ViT sweep (torch, 2 steps of vit-micro), so that the ViT step costs the test ~15 s;
     # tests/test_vit_driver.py plans the ViT ladder and sweeps in both frameworks and runs its infer and overhead
     VIT_MODEL=${VIT_MODEL:-vit-micro}; VIT_STEPS=${VIT_STEPS:-2}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-torch}

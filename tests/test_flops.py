@@ -34,7 +34,7 @@ def test_flops_match_xla_cost_analysis(name, stem, size):
     arch = resnet(name, stem=stem, width=1.0)
     model = make_flax(arch)
     # shapes are all lower() needs (an eager init compiles every op on its own: tens of seconds here)
-    variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), size))
+    variables = jax.eval_shape(lambda: init_variables(model, 0, size))
     images = jax.ShapeDtypeStruct((2, size, size, 3), jnp.float32)
     compiled = jax.jit(lambda v, x: model.apply(v, x, train=False)).lower(variables, images).compile()
     analysis = compiled.cost_analysis()
@@ -95,7 +95,7 @@ def test_vit_flops_match_xla_cost_analysis(name, pool):
 
     arch = vit(name, pool=pool)
     model = make_flax_vit(arch, ModelOptions(attention="fused"))
-    variables = jax.eval_shape(lambda: init_variables(model, jax.random.key(0), 32))  # shapes: all lower() needs
+    variables = jax.eval_shape(lambda: init_variables(model, 0, 32))  # shapes: all lower() needs
     xla = flops(lambda v, x: model.apply(v, x), variables, jax.ShapeDtypeStruct((2, 32, 32, 3), jnp.float32))
     gelu_per_element = flops(lambda h: jax.nn.gelu(h, approximate=False), jnp.zeros(1000)) / 1000
     gelu = gelu_per_element * 2 * arch.depth * arch.tokens * arch.hidden

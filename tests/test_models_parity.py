@@ -67,7 +67,7 @@ def test_transfer_round_trips_exactly_both_ways():
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.running_mean.uniform_(-1, 1)
                 module.running_var.uniform_(0.5, 2)
-    template = init_variables(make_flax(arch), jax.random.key(0), 64)
+    template = init_variables(make_flax(arch), 0, 64)
     variables = torch_to_flax(model.state_dict(), template)
     back = flax_to_torch(variables)
     state = model.state_dict()
@@ -93,7 +93,7 @@ def test_resnet50_is_torchvisions_resnet50():
 
 def test_flax_parameter_count_equals_torch():
     arch = resnet("resnet50", stem="imagenet", width=1.0, num_classes=100)
-    variables = jax.eval_shape(lambda: init_variables(make_flax(arch), jax.random.key(0), 64))
+    variables = jax.eval_shape(lambda: init_variables(make_flax(arch), 0, 64))
     flax_count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(variables["params"]))
     assert flax_count == sum(p.numel() for p in torchvision.models.resnet50(num_classes=100).parameters())
 
@@ -104,7 +104,7 @@ def test_initialisation_distributions_match():
     arch = resnet("resnet18", width=1.0, num_classes=100)
     torch.manual_seed(0)
     torch_state = make_torch(arch).state_dict()
-    flax_state = flax_to_torch(init_variables(make_flax(arch), jax.random.key(0)))
+    flax_state = flax_to_torch(init_variables(make_flax(arch), 0))
     for key in ("layer3.0.conv2.weight", "fc.weight", "fc.bias"):
         t, f = torch_state[key].numpy(), flax_state[key]
         assert f.shape == t.shape
@@ -117,7 +117,7 @@ def test_initialisation_distributions_match():
 def test_zero_init_residual_zeroes_last_norm_scale_on_both_sides():
     arch = resnet("resnet18", width=0.25, zero_init_residual=True)
     t = make_torch(arch).state_dict()
-    f = flax_to_torch(init_variables(make_flax(arch), jax.random.key(0)))
+    f = flax_to_torch(init_variables(make_flax(arch), 0))
     for key in ("layer1.0.bn2.weight", "layer4.1.bn2.weight"):
         assert not t[key].any() and not f[key].any()
     assert t["layer1.0.bn1.weight"].all() and f["layer1.0.bn1.weight"].all()

@@ -61,7 +61,7 @@ def _torch_model(arch: EncoderArch, seed: int = 0, **kwargs) -> torch_text.Encod
 @cache
 def flax_template(arch: EncoderArch) -> dict:
     """Shapes and dtypes of Flax's variables (no compiled init: the values come from torch)."""
-    return jax.eval_shape(lambda: init_variables(flax_text.make_model(arch), jax.random.key(0)))
+    return jax.eval_shape(lambda: init_variables(flax_text.make_model(arch), 0))
 
 
 def torch_weights_for_flax(model: torch.nn.Module, arch: EncoderArch, dtype=np.float32) -> dict:

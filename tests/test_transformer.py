@@ -48,7 +48,7 @@ def micro(pool: str = "cls", classes: int = 10) -> EncoderArch:
 def flax_template(arch: EncoderArch) -> dict:
     """Shapes and dtypes of Flax's variables: enough for the weight transfer. (A real Flax init compiles a random
     generator per weight, seconds on a small CPU: only the initialisation test pays for one.)"""
-    return jax.eval_shape(lambda: init_variables(flax_vit.make_model(arch), jax.random.key(0), arch.image_size))
+    return jax.eval_shape(lambda: init_variables(flax_vit.make_model(arch), 0, arch.image_size))
 
 
 def torch_weights_for_flax(model: torch.nn.Module, arch: EncoderArch, dtype=np.float32) -> dict:
@@ -139,7 +139,7 @@ def test_initialisation_distributions_match():
     arch = micro(classes=100)
     torch_state = _torch_model(arch).state_dict()
     model = flax_vit.make_model(arch)  # jitted: eagerly, every op compiles on its own
-    flax_state = flax_to_torch(jax.jit(lambda key: init_variables(model, key, 32))(jax.random.key(0)))
+    flax_state = flax_to_torch(init_variables(model, 0, 32))
     for key in ("blocks.0.attn.qkv.weight", "blocks.1.mlp.fc1.weight", "pos_embed", "patch_embed.weight",
                 "head.weight"):
         t, f = torch_state[key].numpy(), flax_state[key]
@@ -191,7 +191,7 @@ def test_layer_norm_epsilon_and_variance_match_torch():
         return next_fun(*args, **kwargs)
 
     with fnn.intercept_methods(record):  # init calls every module; eval_shape traces it without compiling
-        jax.eval_shape(lambda: init_variables(flax_model, jax.random.key(0), 32))
+        jax.eval_shape(lambda: init_variables(flax_model, 0, 32))
     assert seen == [(1e-3, False)] * (2 * arch.depth + 1)
 
     x = (1000 + np.random.default_rng(0).normal(size=(4, 16, arch.width))).astype(np.float32)

@@ -117,7 +117,7 @@ def forward_backward(arch: Arch, batch_size: int, image_size: int, seed: int, fl
     with jax.enable_x64(float64), jax.default_matmul_precision("highest"):
         flax_model = make_flax(jnp.dtype(dtype))
         # shapes only (the values are torch's): an eager init would compile every op on its own
-        shapes = jax.eval_shape(lambda: init_variables(flax_model, jax.random.key(0), image_size))
+        shapes = jax.eval_shape(lambda: init_variables(flax_model, 0, image_size))
         template = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, dtype), shapes)
         variables = torch_to_flax(torch_model.state_dict(), template)
         flax_side = _flax_quantities(flax_model, variables, images, labels)
