@@ -147,16 +147,18 @@ def _flax_quantities(model: Any, variables: Mapping[str, Any], images: np.ndarra
     import optax
 
     stats_in = {"batch_stats": variables["batch_stats"]} if "batch_stats" in variables else {}
-    # jitted: op by op, Flax would compile every primitive on its own (tens of seconds for a ResNet-50)
-    logits_eval = np.asarray(jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, jnp.asarray(images)))
+    x, y = jnp.asarray(images), jnp.asarray(labels)
+    # jitted: op by op, Flax would compile every primitive on its own (tens of seconds for a ResNet-50); the batch
+    # and the statistics are arguments, not constants, so that another seed's check reuses the compiled programs
+    logits_eval = np.asarray(jax.jit(lambda v, x: model.apply(v, x, train=False))(variables, x))
 
-    def loss_fn(params: Any) -> Any:
-        logits, updates = model.apply({"params": params, **stats_in}, jnp.asarray(images), train=True,
-                                      mutable=["batch_stats"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(labels)).mean()
+    def loss_fn(params: Any, stats: Any, x: Any, y: Any) -> Any:
+        logits, updates = model.apply({"params": params, **stats}, x, train=True, mutable=["batch_stats"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
         return loss, (logits, updates)
 
-    (loss, (logits, updates)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(variables["params"])
+    (loss, (logits, updates)), grads = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))(
+        variables["params"], stats_in, x, y)
     statistics = flax_to_torch({"batch_stats": updates.get("batch_stats", {})})
     return Quantities(logits_eval, np.asarray(logits), np.asarray(loss), statistics, flax_grads_to_torch(grads))
 
