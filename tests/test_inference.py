@@ -87,6 +87,7 @@ def test_the_onnx_export_equals_torch(trained, tmp_path):
     assert _max_relative(session.run(["logits"], {"images": images})[0], expected) < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch, capsys):
     config, weights = trained

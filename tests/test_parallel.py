@@ -69,6 +69,7 @@ def jax_one_device(cifar100_archive, tmp_path_factory):
     return (base, *train("jax", base.replace(batch_size=16), folder / "one.npz"))
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("mode", ["sharding", "shard_map", "pmap"])
 def test_jax_data_parallel_on_four_devices_equals_one_device(jax_one_device, tmp_path, mode):

@@ -39,6 +39,7 @@ def test_bad_sweep_values_are_named_before_any_run(cifar100_archive, tmp_path, c
     assert not list(tmp_path.glob("*/runs.jsonl"))  # nothing ran
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_overhead_measures_the_trainer_against_a_minimal_loop(cifar100_archive, tmp_path):
     code = main(["overhead", "--data", str(cifar100_archive), "--width", "0.125", "--batch-size", "32", "--steps", "8",

@@ -165,6 +165,7 @@ def test_jit_compiles_a_program_per_padded_length_in_the_warm_up_and_buckets_bou
     assert longest["b1_shapes"] == len(set(EvalInputs(config).real_lengths(SMALL["calls"]))) > bucket["b1_shapes"]
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_infer_times_different_texts_padded_per_the_batching(trained, tmp_path, monkeypatch):
     """The command over both frameworks (torch.compile's 15 s of inductor compilation is left to the trainer tests

@@ -84,6 +84,7 @@ def _infer_rows(folder: Path) -> dict[tuple[str, str], dict]:
     return {(r["framework"], r["variant"]): r for r in _rows(folder / "runs.jsonl", "infer")}
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_infer_runs_a_vit_and_skips_folding_with_its_reason(cifar100_archive, tmp_path):
@@ -101,6 +102,7 @@ def test_infer_runs_a_vit_and_skips_folding_with_its_reason(cifar100_archive, tm
     assert rows[("torch", "onnxruntime")]["status"] == "ok"
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_overhead_runs_a_vit_in_both_frameworks_on_a_ten_class_data_set(cifar10_archive, tmp_path):

@@ -168,6 +168,7 @@ def one_process(base, tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.multiprocess
 def test_jax_sharding_on_two_host_devices_equals_one_device(one_process, tmp_path):
     """jit + NamedSharding over 2 XLA host devices (its own process, XLA_FLAGS asking for them), 8 images each
