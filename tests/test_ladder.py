@@ -43,7 +43,9 @@ def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, cifar10_
     # epoch or two: no spread small enough to judge), and its flags rung gets a broken LR: a planted accuracy drop
     # its verdict must call "lost".
     extra = f"--source cifar10 --data {cifar10_archive} --to-accuracy 0.5 --break-lr flags"
-    text = write_text_fixture(tmp_path / "text", n_train=96, n_test=32, seed=4)  # one epoch: 6 batches of 16
+    # one epoch: 6 batches of 16; texts of at most 8 words (55 bytes here), so 3 bucket lengths (16, 32, 64), not 5:
+    # each length is a JAX program to compile (the bucket run compiled 7 programs in 36 s beside another worker)
+    text = write_text_fixture(tmp_path / "text", n_train=96, n_test=32, seed=4, max_words=8)
     env = {**os.environ, "PRESET": "tiny", "PYTHON": sys.executable, "DATA": str(cifar100_archive),
            "ACCURACY_EXTRA": extra, "TEXT_DATA": str(text)}
     proc = subprocess.run(["bash", str(REPO / "experiments" / "gpu_check.sh"), str(out)], cwd=REPO, env=env,

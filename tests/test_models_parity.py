@@ -46,11 +46,12 @@ def test_fp32_logits_statistics_and_gradients_match(name, stem, norm):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name,stem,norm,seed", [(*c, s) for c in CONFIGS for s in (1, 2)] +
-                         [("resnet50", "cifar", "batch", 1), ("resnet50", "imagenet", "batch", 2)])
+                         [("resnet50", "cifar", "batch", 1)])
 def test_float64_semantics_are_identical(name, stem, norm, seed):
     """In fp64 rounding cannot flip a ReLU or be amplified through deep BatchNorm stacks (a random-init
     ResNet-50 in fp32 shows gradient gaps of 1e-1 while its logits agree), so any gap above 1e-9
-    would be a real difference between the implementations."""
+    would be a real difference between the implementations. The ResNet-50 proves the bottleneck blocks (one stem:
+    the stems are the ResNet-18's, proven with both; its ImageNet-stem case cost the suite ~17 s)."""
     arch = resnet(name, stem=stem, width=0.25, num_classes=100, norm=norm)
     size = 32 if stem == "cifar" else 64
     results = paired_forward_backward(arch, batch_size=4, image_size=size, seed=seed, float64=True)
