@@ -75,7 +75,7 @@ TECHNIQUES = {technique.name: technique for technique in (
               "autocast; GradScaler with fp16",
               "compute in the dtype, fp32 params, BN statistics and loss; dynamic loss scale with fp16", _amp),
     Technique("compile", "compilation of the whole update (compile_scope step: forward, backward and the optimizer)",
-              "torch.compile(model) and torch.compile of optimizer.step (LR as a tensor)",
+              "torch.compile(model) and torch.compile of optimizer.step (LR as a tensor, fused kernel)",
               "jax.jit of the step (donated state)", _compile),
 )}
 DEFAULT_ORDER = ("loader", "flags", "amp", "compile")  # the article's

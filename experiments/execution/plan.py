@@ -179,9 +179,13 @@ def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, op
 
 def _cache_of(rung: Rung, top: Rung, config: RunConfig, top_config: RunConfig) -> str:
     """The compile cache's name. Every cumulative rung has its own; an ablation that compiles the top rung's program
-    (the same dtype; the loader and the flags leave the graph alone) reads the top rung's, as the A/A control does."""
-    shares = (rung.ablation is not None and config.compile == "compiled" and config.precision == top_config.precision
-              and config.remat == top_config.remat)
+    reads the top rung's, as the A/A control does: the same dtype and matmul precision (the loader leaves the program
+    alone). "Top minus flags" compiles another program in both frameworks: JAX writes the precision into every dot
+    (HIGH against DEFAULT in the lowered text), and inductor's cache key holds torch's fp32 matmul precision (and
+    XLA_FLAGS change what XLA compiles)."""
+    shares = (rung.ablation is not None and config.compile == "compiled"
+              and (config.precision, config.remat, config.matmul_precision, config.xla_flags)
+              == (top_config.precision, top_config.remat, top_config.matmul_precision, top_config.xla_flags))
     return top.name if shares else rung.name
 
 
