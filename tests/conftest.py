@@ -23,7 +23,7 @@ if "TWINRUN_SHARED_INDUCTOR_CACHE" not in os.environ:
     os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"] = tempfile.mkdtemp(prefix="twinrun-test-inductor-cache-")
     atexit.register(shutil.rmtree, os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"], ignore_errors=True)
 # ... and for the tests that compile in their own process: otherwise torch's default cache in /tmp, kept between
-# suites on one machine, made them warm here and cold on CI (a trainer test: 13 s warm, 58 s cold)
+# suites on one machine, made them warm here and cold on CI (a trainer test: 13 s warm, 107 s cold)
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.environ["TWINRUN_SHARED_INDUCTOR_CACHE"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # Under pytest-xdist (`make test`: 2 workers on 2 cores) each worker, and every run it starts, takes one OpenMP
