@@ -4,6 +4,7 @@ dead drivers are removed, nothing else."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,10 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from experiments.execution import reaper
+from experiments.execution import reaper, zygote
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = "experiments.execution.worker"
+ZYGOTE = "experiments.execution.zygote"
 # the driver, with SIGTERM turned into KeyboardInterrupt (as experiments/__main__.main does once it is wired there)
 WRAPPER = ("from experiments.execution.runner import install_signal_handlers; install_signal_handlers(); "
            "from experiments.__main__ import main; import sys; sys.exit(main(sys.argv[1:]))")
@@ -54,32 +56,56 @@ def _is_our_worker(tag: str, task: str = ""):  # noqa: ANN202
     return lambda cmdline: WORKER in cmdline and tag in " ".join(cmdline) and (not task or task in cmdline)
 
 
+def _jobs_of(driver: subprocess.Popen, task: str = "") -> list[psutil.Process]:
+    """The driver's running jobs: fresh workers (of ``task``, if given), and runs forked by its zygotes (a forked
+    run's command line is its zygote's, and its parent is the zygote; only framework jobs are forked, train ones in
+    a ladder)."""
+    jobs = []
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(driver.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                cmdline, parent = proc.cmdline(), proc.parent()
+                forked = ZYGOTE in cmdline and parent is not None and ZYGOTE in parent.cmdline()
+                if proc.status() != psutil.STATUS_ZOMBIE and (_is_our_worker("", task)(cmdline) or forked):
+                    jobs.append(proc)
+    return jobs
+
+
 @contextmanager
-def _ladder_with_a_running_worker(prefix: list[str], archive: Path, tmp: Path,
-                                  task: str = "") -> Iterator[tuple[subprocess.Popen, Path]]:
-    """A tiny torch ladder with a worker (of ``task``, if given) started: the driver and that worker's job folder.
-    Whatever the test leaves running is killed at its end."""
+def _ladder_with_a_running_worker(prefix: list[str], archive: Path, tmp: Path, task: str = "",
+                                  env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, Path, list]]:
+    """A tiny torch ladder with a job (of ``task``, if given) running: the driver, that job's folder, and every
+    process the driver has started by then (its zygotes and reaper included). Whatever the test leaves running is
+    killed at its end."""
     args = ["ladder", "--preset", "tiny", "--repeats", "1", "--no-ablations", "--framework", "torch", "--data",
             str(archive), "--results", str(tmp / "results"), "--name", "k"]
     with open(tmp / "driver.log", "w") as log:
         driver = subprocess.Popen([sys.executable, *prefix, *args], cwd=REPO, stdout=log, stderr=log,
-                                  start_new_session=True)
+                                  start_new_session=True, env=env)
+    family: list[psutil.Process] = []
     try:
-        workers: list[psutil.Process] = []
-        assert _until(lambda: bool(workers.extend(_living(_is_our_worker(str(tmp), task))) or workers)
-                      or driver.poll() is not None, 120), "no worker started"
+        assert _until(lambda: bool(_jobs_of(driver, task)) or driver.poll() is not None, 120), "no worker started"
         assert driver.poll() is None, (tmp / "driver.log").read_text()[-3000:]
-        yield driver, Path(workers[0].cmdline()[-1]).parent  # the worker's result file is in its job folder
+        folders = list(Path(tempfile.gettempdir()).glob(f"twinrun-{driver.pid}-*"))
+        assert len(folders) == 1, folders  # the running job's
+        family = psutil.Process(driver.pid).children(recursive=True)
+        yield driver, folders[0], family
     finally:
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
-        for leftover in _living(_is_our_worker(str(tmp))):
-            leftover.kill()
+        for leftover in [*_living(_is_our_worker(str(tmp))), *family]:
+            with contextlib.suppress(psutil.Error):
+                leftover.kill()
 
 
-def _nothing_left(driver: subprocess.Popen, folder: Path, tmp: Path) -> None:
-    assert _until(lambda: not _living(_is_our_worker(str(tmp))), 10), "a worker outlived the driver"
+def _nothing_left(driver: subprocess.Popen, folder: Path, family: list[psutil.Process]) -> None:
+    """Nothing the driver had started is left (its jobs, forked or not, their zygotes, its reaper), nor its job
+    folder."""
+    def living() -> list[psutil.Process]:
+        return [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    assert _until(lambda: not living(), 10), f"outlived the driver: {[p.cmdline() for p in living()]}"
     assert _until(lambda: not folder.exists(), 10), f"{folder} left behind"
     assert folder.name.startswith(f"twinrun-{driver.pid}-")  # recognisable, were it left
     leftovers = [p for p in Path(tempfile.gettempdir()).iterdir() if p.name.startswith(f"twinrun-{driver.pid}-")]
@@ -87,23 +113,28 @@ def _nothing_left(driver: subprocess.Popen, folder: Path, tmp: Path) -> None:
 
 
 @pytest.mark.e2e
-def test_a_sigkilled_driver_leaves_no_worker_and_no_job_folder(cifar100_archive, tmp_path):
-    with _ladder_with_a_running_worker(["-m", "experiments"], cifar100_archive, tmp_path, "train") as (driver, folder):
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
+def test_a_sigkilled_driver_leaves_no_worker_and_no_job_folder(cifar100_archive, tmp_path, fork):
+    env = {**os.environ, zygote.DISABLE: "0" if fork else "1"}
+    with _ladder_with_a_running_worker(["-m", "experiments"], cifar100_archive, tmp_path, "train",
+                                       env) as (driver, folder, family):
+        jobs = _jobs_of(driver, "train")
+        assert [ZYGOTE in job.cmdline() for job in jobs] == [fork]  # the path this case is about
         time.sleep(2)  # into its imports, or its first steps
         os.kill(driver.pid, signal.SIGKILL)  # the driver alone, no clean-up in it: the reaper's work
         assert driver.wait(10) == -signal.SIGKILL
-        _nothing_left(driver, folder, tmp_path)
+        _nothing_left(driver, folder, family)
 
 
 @pytest.mark.e2e
 def test_a_sigtermed_driver_stops_its_worker_and_removes_its_job_folder(cifar100_archive, tmp_path):
-    with _ladder_with_a_running_worker(["-c", WRAPPER], cifar100_archive, tmp_path) as (driver, folder):
+    with _ladder_with_a_running_worker(["-c", WRAPPER], cifar100_archive, tmp_path) as (driver, folder, family):
         os.kill(driver.pid, signal.SIGTERM)
         code = driver.wait(30)
         log = (tmp_path / "driver.log").read_text()
         # not SIGTERM's default death: KeyboardInterrupt, which main() reports as interrupted (130)
         assert code != -signal.SIGTERM and (code == 130 or "KeyboardInterrupt" in log), (code, log[-3000:])
-        _nothing_left(driver, folder, tmp_path)
+        _nothing_left(driver, folder, family)
 
 
 @pytest.mark.multiprocess
@@ -173,3 +204,53 @@ def test_only_job_folders_of_dead_drivers_are_stale(tmp_path):
     assert reaper.remove_stale_folders(str(tmp_path)) == [tmp_path / names["dead"]]
     assert all((tmp_path / names[k]).is_dir() for k in ("alive", "mine", "other", "cache"))
     assert (tmp_path / f"twinrun-{gone.pid}-file_123").is_file()
+
+
+# -- forked runs (experiments/execution/zygote.py) ----------------------------------------------------------------
+
+def test_a_run_is_forked_only_where_its_environment_allows_it():
+    zygote_env = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "XLA_FLAGS": ""}
+    run_time = {**zygote_env, "TWINRUN_JOB_FOLDER": "/tmp/x", "TORCHINDUCTOR_CACHE_DIR": "/tmp/c",
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTEST_CURRENT_TEST": "t",
+                "JAX_COMPILATION_CACHE_DIR": "/tmp/j", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    assert zygote.forkable(run_time, zygote_env)  # read after the start, or set through jax.config
+    assert not zygote.forkable({**zygote_env, "OMP_NUM_THREADS": "2"}, zygote_env)  # read when torch is imported
+    assert not zygote.forkable({**zygote_env, "JAX_ENABLE_X64": "1"}, zygote_env)  # a JAX option it does not set
+    unset = {k: v for k, v in {**zygote_env, "JAX_COMPILATION_CACHE_DIR": "/tmp/j"}.items()}
+    assert not zygote.forkable(zygote_env, unset)  # a JAX option the zygote has and the run has not
+
+
+def test_time_to_accuracy_runs_start_a_fresh_interpreter():
+    from experiments.execution.runner import _forkable
+
+    steps = {"framework": "torch", "config": {"steps": 3, "epochs": None, "target_accuracy": None}}
+    assert _forkable("train", steps) and _forkable("infer", steps)
+    assert not _forkable("train", {**steps, "config": {"steps": None, "epochs": 2, "target_accuracy": None}})
+    assert not _forkable("train", {**steps, "config": {"steps": 3, "epochs": None, "target_accuracy": 0.5}})
+    assert not _forkable("matmul-rate", {})  # no framework named: no zygote to fork it
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_forked_run_computes_what_a_fresh_one_does_and_reads_its_own_compile_cache(
+        cifar100_archive, tmp_path, monkeypatch, framework):
+    """The same run forked and fresh: the same losses to the bit; and the forked JAX run compiled into the cache its
+    environment names, not its zygote's (JAX reads that at import: a forked run sets it through jax.config)."""
+    from common.config import RunConfig
+    from experiments.execution.paired import run_framework
+
+    config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=16, steps=3, epochs=None,
+                       timing_warmup=1, eval_batches=1, compile="compiled" if framework == "jax" else "eager")
+    monkeypatch.setenv(zygote.DISABLE, "0")
+    forks = zygote.zygote_for(framework)
+    assert forks is not None
+    before = forks.forked
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax-cache"))  # not the zygote's
+    forked = run_framework(framework, config, timeout_s=300)
+    assert forks.forked == before + 1  # this run was forked
+    monkeypatch.setenv(zygote.DISABLE, "1")
+    fresh = run_framework(framework, config, timeout_s=300)
+    assert forked.status == fresh.status == "ok", (forked.error, fresh.error)
+    assert forked.losses == fresh.losses
+    if framework == "jax":
+        assert any((tmp_path / "jax-cache").iterdir())

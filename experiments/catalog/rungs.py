@@ -41,9 +41,13 @@ class Technique:
     changes: Callable[[Device], dict[str, Any]]
 
 
+# What the loader technique changes: the input pipeline only, no compiled program (so its rung shares the rung
+# below's compile cache: execution/plan.py)
+LOADER_FIELDS = ("workers", "pin_mem", "prefetch", "persistent_workers", "device_prefetch")
+
+
 def _loader(device: Device) -> dict[str, Any]:
-    return {"workers": device.workers, "pin_mem": True, "prefetch": 4, "persistent_workers": True,
-            "device_prefetch": 2}
+    return dict(zip(LOADER_FIELDS, (device.workers, True, 4, True, 2), strict=True))
 
 
 def _flags(device: Device) -> dict[str, Any]:

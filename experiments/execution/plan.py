@@ -25,7 +25,15 @@ from common.workloads import workload_for
 from experiments.catalog.defaults import default_archive, default_text_folder
 from experiments.catalog.presets import preset_settings
 from experiments.catalog.rows import AA, AA_SUFFIX, ADAPTIVE_COMMAND, ADAPTIVE_KEY, configuration_of
-from experiments.catalog.rungs import DEFAULT_ORDER, Device, Rung, ladder_rungs, rung_config, skip_reason
+from experiments.catalog.rungs import (
+    DEFAULT_ORDER,
+    LOADER_FIELDS,
+    Device,
+    Rung,
+    ladder_rungs,
+    rung_config,
+    skip_reason,
+)
 from experiments.catalog.sweeps import Sweep, mode_for, reference_value
 from experiments.execution.device import ensure_matmul_rate
 from experiments.execution.frameworks import selected
@@ -152,7 +160,7 @@ def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, op
     rungs = ladder_rungs(options.order, ablations)
     top = rungs[len(options.order)]
     base = repeat_base(prepared, repeat, options)
-    top_config = rung_config(top, base, options.device)
+    caches = _cache_names(rungs, [rung_config(rung, base, options.device) for rung in rungs])
     for rung, control in [*((r, None) for r in rungs), (top, AA)]:
         group = rung.name + (AA_SUFFIX if control else "")
         for framework in prepared.frameworks:
@@ -173,20 +181,29 @@ def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, op
                         "techniques": list(rung.techniques), "repeat": repeat, "preset": preset,
                         **({"control": control} if control else {})},
                 skip_reason=skip_reason(config, framework),
-                cache=str(prepared.out / "compile-cache" / f"{_cache_of(rung, top, config, top_config)}-{framework}")))
+                cache=str(prepared.out / "compile-cache" / f"{caches[rung.name]}-{framework}")))
     return plan
 
 
-def _cache_of(rung: Rung, top: Rung, config: RunConfig, top_config: RunConfig) -> str:
-    """The compile cache's name. Every cumulative rung has its own; an ablation that compiles the top rung's program
-    reads the top rung's, as the A/A control does: the same dtype and matmul precision (the loader leaves the program
-    alone). "Top minus flags" compiles another program in both frameworks: JAX writes the precision into every dot
-    (HIGH against DEFAULT in the lowered text), and inductor's cache key holds torch's fp32 matmul precision (and
-    XLA_FLAGS change what XLA compiles)."""
-    shares = (rung.ablation is not None and config.compile == "compiled"
-              and (config.precision, config.remat, config.matmul_precision, config.xla_flags)
-              == (top_config.precision, top_config.remat, top_config.matmul_precision, top_config.xla_flags))
-    return top.name if shares else rung.name
+def _program_key(config: RunConfig) -> str:
+    """What a compile cache holds the compilations of: the run's config without its input pipeline's knobs (the
+    loader rung's: they change no compiled program) and where its scalars go."""
+    fields = config.to_dict()
+    for name in (*LOADER_FIELDS, "tensorboard_dir"):
+        fields.pop(name, None)
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def _cache_names(rungs: list[Rung], configs: list[RunConfig]) -> dict[str, str]:
+    """Each rung's compile cache: the first rung (in ladder order: the cumulative rungs, then the ablations) whose
+    config compiles the same program. So the loader rung reads the baseline's (JAX compiles the same operations op by
+    op; torch's eager rungs compile nothing), an ablation that keeps the top rung's program (top minus loader) reads
+    the top rung's, as the A/A control does. Top minus flags compiles another program in both frameworks: JAX writes
+    the precision into every dot (HIGH against DEFAULT in the lowered text), inductor's cache key holds torch's fp32
+    matmul precision, and XLA_FLAGS change what XLA compiles."""
+    first: dict[str, str] = {}
+    return {rung.name: first.setdefault(_program_key(config), rung.name)
+            for rung, config in zip(rungs, configs, strict=True)}
 
 
 def ordered(jobs: list[PlannedRun], seed: int, filled: frozenset[str] = frozenset()) -> list[PlannedRun]:

@@ -3,6 +3,7 @@ out-of-memory marks only that job failed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
-from experiments.execution import reaper
+from experiments.execution import reaper, zygote
 
 LAUNCHERS = ("torchrun", "jax.distributed")
 # Names a torch inductor cache folder that every isolated run shares (tests only: it makes compile times cache hits).
@@ -56,13 +57,23 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
             envs = [{**run_env, **coordinator, "TWINRUN_PROCESS_ID": str(p)} for p in range(processes)]
         else:
             envs = [run_env]
-        returncode, tail = _run_all(command, envs, timeout_s, folder)
+        forks = zygote.zygote_for(payload["framework"]) if processes == 1 and _forkable(task, payload) else None
+        returncode, tail = _run_all(command, envs, timeout_s, folder, forks)
         if returncode == "timeout":
             return {"status": "failed", "error": f"timed out after {timeout_s} s"}
         if out.exists():
             return json.loads(out.read_text())
         reason = "killed (out of memory?)" if returncode in (-9, 137) else f"exit code {returncode}"
         return {"status": "failed", "error": f"{reason}: " + "\n".join(tail)}
+
+
+def _forkable(task: str, payload: dict[str, Any]) -> bool:
+    """Whether the job may be forked from its framework's zygote (experiments/execution/zygote.py): it names its
+    framework, and its result holds no time counted from the process's start (time to accuracy, whole epochs: the
+    imports are part of the wait a user has, so those start a fresh interpreter)."""
+    config = payload.get("config") or {}
+    counts_wall_time = config.get("epochs") is not None or config.get("target_accuracy") is not None
+    return isinstance(payload.get("framework"), str) and not (task == "train" and counts_wall_time)
 
 
 def _compile_cache_env(env: Mapping[str, str], folder: Path) -> dict[str, str]:
@@ -101,24 +112,24 @@ def _remove_stale_folders_once() -> None:
 _stale_folders_removed = False
 
 
-def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | None,
-             folder: Path) -> tuple[int | str, list[str]]:
+def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | None, folder: Path,
+             forks: zygote.Zygote | None = None) -> tuple[int | str, list[str]]:
     """Starts one process per environment and waits for all; the first to fail stops the others (they would
     wait for it in a collective until JAX's heartbeat timeout). Returns the worst exit code and its error tail.
     Each process leads a session and process group of its own (the terminal's Ctrl-C reaches only the driver); on
     every way out (a failure, a timeout, KeyboardInterrupt) all of the job's processes are killed, their children
-    and torchrun's workers included, before this returns or re-raises."""
+    and torchrun's workers included, before this returns or re-raises. ``forks``: a zygote to fork the process from
+    (one process; a fresh interpreter where its environment could not be forked)."""
     logs = folder / "logs"
     logs.mkdir(exist_ok=True)
-    procs: list[tuple[subprocess.Popen[str], IO[str]]] = []
+    procs: list[tuple[subprocess.Popen[str] | zygote.ForkedProcess, IO[str]]] = []
     returncode: int | str = 0
     try:
         try:
             for index, env in enumerate(envs):
                 log = open(logs / f"{index}.log", "w+")  # noqa: SIM115 -- closed below
                 try:
-                    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            text=True, env=env, start_new_session=True)
+                    proc = _start(command, env, log, forks)
                 except BaseException:
                     log.close()
                     raise
@@ -145,7 +156,18 @@ def _run_all(command: list[str], envs: list[dict[str, str]], timeout_s: float | 
             log.close()
 
 
-def _stop(procs: list[subprocess.Popen[str]], folder: Path) -> None:
+def _start(command: list[str], env: dict[str, str], log: IO[str],
+           forks: zygote.Zygote | None) -> subprocess.Popen[str] | zygote.ForkedProcess:
+    """The job's process, in a session and process group of its own: forked from ``forks`` where it can be, else a
+    fresh interpreter."""
+    if forks is not None and zygote.forkable(env, forks.env):
+        with contextlib.suppress(OSError):  # the zygote is gone: a fresh interpreter instead
+            return forks.start(command[3:], env, log.name)
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env=env, start_new_session=True)
+
+
+def _stop(procs: list[subprocess.Popen[str] | zygote.ForkedProcess], folder: Path) -> None:
     """Kills whatever is left of the job (each process's group, and every process marked with the job's folder),
     waits for the processes this driver started, and releases their groups."""
     reaper.kill_job([proc.pid for proc in procs], [str(folder)])
