@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/twinrun ladder --repeats 1 --precision 5 --time-budget 7m
+	$(VENV)/bin/twinrun ladder --repeats 2 --no-ablations --precision 5 --time-budget 7m
 
 # The suite in two passes: what times nothing on 2 xdist workers (worksteal: test by test, the slow ones first,
 # tests/conftest.py; an idle worker takes from the other's queue), then the timing-sensitive tests (marked serial)

@@ -8,8 +8,8 @@ from typing import Any
 from common.workloads import is_spec, workload_for
 
 PRESETS: dict[str, dict[str, Any]] = {
-    # The README's main job (`make run`: 5 rungs and the A/A control x 2 frameworks x 2 repeats, the 3 ablations in
-    # the first repeat, then adaptive repeats of the undecided; its time budget bounds the second repeat too). Timed
+    # The README's main job (`make run`: 5 rungs and the A/A control x 2 frameworks x 2 repeats, no ablations, then
+    # adaptive repeats of the undecided; its time budget, 7 minutes, bounds the second repeat too). Timed
     # steps chosen by measurement (`twinrun ladder --preset cpu --steps 18 --repeats 3`, 2 cores, 2026-12-05): a run
     # costs ~9 s besides its steps (process, imports, compile) and a step 0.04-0.4 s; the spread of log step times is
     # ~0.05 within a run and 0.02-0.09 between runs (processes) of one configuration, so the interval of a
