@@ -93,8 +93,10 @@ def time_batches(batches: Iterable[Any], wait: Callable[[Any], Any], max_batches
 @functools.cache
 def process_start_time() -> float:
     """The Unix time at which this process started, so a time to accuracy includes the interpreter, the framework
-    imports, data loading and compilation: the wait a user has. Linux: /proc/self/stat's starttime after boot;
-    elsewhere the time common.timing was imported (later than the real start by the interpreter's own start-up)."""
+    imports, data loading and compilation: the wait a user has. (A run forked from a zygote, its imports done,
+    starts at the fork: the driver forks no time-to-accuracy run, experiments/execution/runner.py.) Linux:
+    /proc/self/stat's starttime after boot; elsewhere the time common.timing was imported (later than the real start
+    by the interpreter's own start-up)."""
     try:
         return _boot_time() + _started_after_boot()
     except (OSError, ValueError, IndexError):

@@ -242,15 +242,28 @@ def test_a_forked_run_computes_what_a_fresh_one_does_and_reads_its_own_compile_c
     config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=16, steps=3, epochs=None,
                        timing_warmup=1, eval_batches=1, compile="compiled" if framework == "jax" else "eager")
     monkeypatch.setenv(zygote.DISABLE, "0")
-    forks = zygote.zygote_for(framework)
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax-cache"))  # not the zygote's
+    forks = zygote.zygote_for(framework, os.environ)
     assert forks is not None
     before = forks.forked
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax-cache"))  # not the zygote's
     forked = run_framework(framework, config, timeout_s=300)
-    assert forks.forked == before + 1  # this run was forked
+    assert forks.forked == before + 1, zygote._differences(dict(os.environ), forks.env)  # this run was forked
     monkeypatch.setenv(zygote.DISABLE, "1")
     fresh = run_framework(framework, config, timeout_s=300)
     assert forked.status == fresh.status == "ok", (forked.error, fresh.error)
     assert forked.losses == fresh.losses
     if framework == "jax":
         assert any((tmp_path / "jax-cache").iterdir())
+
+
+def test_a_zygote_whose_imports_saw_other_values_is_replaced(monkeypatch):
+    """A variable read at import changed (a test set it, or an import did): the next run gets a new zygote that
+    imported under the run's values; a run-time variable (the job's folder, a compile cache) keeps the zygote."""
+    monkeypatch.setenv(zygote.DISABLE, "0")
+    first = zygote.zygote_for("torch", {**os.environ, "TWINRUN_JOB_FOLDER": "/tmp/a", "XLA_FLAGS": "-x"})
+    assert first is not None and "TWINRUN_JOB_FOLDER" not in first.env  # the marker is a run's, never a zygote's
+    assert zygote.zygote_for("torch", {**os.environ, "TWINRUN_JOB_FOLDER": "/tmp/b"}) is first
+    threads = {**os.environ, "OMP_NUM_THREADS": "3"}
+    second = zygote.zygote_for("torch", threads)
+    assert second is not None and second is not first and second.env["OMP_NUM_THREADS"] == "3"
+    assert not first.alive

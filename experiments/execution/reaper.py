@@ -13,10 +13,12 @@ When the pipe reaches end-of-file (the driver exited or died, whichever way), th
 registered (``kill_job``: the groups, every process that carries a registered folder in its environment, and their
 descendants), removes the folders that are still registered, and exits.
 
-Every process of a job carries ``TWINRUN_JOB_FOLDER=<its folder>`` in its environment; that also finds the
+Every process a job execs carries ``TWINRUN_JOB_FOLDER=<its folder>`` in its environment; that also finds the
 processes that leave the job's group (torchrun starts each of its workers in a session of its own), and a worker
-the driver had started but not yet registered (its folder is registered first). POSIX only: elsewhere ``lifeline``
-is a no-op and nothing here runs.
+the driver had started but not yet registered (its folder is registered first). A run forked by a zygote
+(execution/zygote.py) is not found that way (/proc shows the environment a process was exec'd with, the zygote's):
+it leads its own session before the driver hears of it, and is killed by its group and its descendants. POSIX
+only: elsewhere ``lifeline`` is a no-op and nothing here runs.
 """
 
 from __future__ import annotations

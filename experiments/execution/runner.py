@@ -57,7 +57,8 @@ def run_isolated(task: str, payload: dict[str, Any], timeout_s: float | None = N
             envs = [{**run_env, **coordinator, "TWINRUN_PROCESS_ID": str(p)} for p in range(processes)]
         else:
             envs = [run_env]
-        forks = zygote.zygote_for(payload["framework"]) if processes == 1 and _forkable(task, payload) else None
+        forkable = processes == 1 and _forkable(task, payload)
+        forks = zygote.zygote_for(payload["framework"], envs[0]) if forkable else None
         returncode, tail = _run_all(command, envs, timeout_s, folder, forks)
         if returncode == "timeout":
             return {"status": "failed", "error": f"timed out after {timeout_s} s"}

@@ -21,22 +21,24 @@ the driver's reaper, which kills it with the driver however that ends.
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from experiments.execution import reaper
 
 DISABLE = "TWINRUN_NO_FORK"
+WORKER = "experiments.execution.worker"
 # What a fresh worker of the framework imports before its first step (torch.optim's constructor imports
 # torch._dynamo): what forking saves. Nothing that compiles or touches a device; a step's own imports (inductor's,
 # at the first compiled step) stay in the step, as in a fresh interpreter.
@@ -62,12 +64,20 @@ def forkable(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> bool:
     return not _differences(env, zygote_env)
 
 
+def _read_at_run_time(name: str) -> bool:
+    return name in _READ_AT_RUN_TIME or name.startswith(_RUN_TIME_PREFIXES) or name in _JAX_OPTIONS
+
+
 def _differences(env: Mapping[str, str], zygote_env: Mapping[str, str]) -> list[str]:
     """The variables that differ and that a forked run could not take: read at import, or a JAX option unset."""
     names = {name for name in set(env) | set(zygote_env) if env.get(name) != zygote_env.get(name)}
-    return sorted(name for name in names
-                  if not (name in _READ_AT_RUN_TIME or name.startswith(_RUN_TIME_PREFIXES)
-                          or (name in _JAX_OPTIONS and name in env)))
+    return sorted(name for name in names if not _read_at_run_time(name) or (name in _JAX_OPTIONS and name not in env))
+
+
+def _import_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A zygote's environment for runs with ``env``: the variables read at import (the run-time ones, the job's
+    folder marker among them, are the run's own)."""
+    return {name: value for name, value in env.items() if not _read_at_run_time(name)}
 
 
 class ForkedProcess:
@@ -84,7 +94,7 @@ class ForkedProcess:
 
     def wait(self) -> int:
         while self.returncode is None:
-            self.zygote.collect(self, timeout_s=None)
+            self.zygote.collect(self, timeout_s=1.0)
         return self.returncode
 
 
@@ -92,9 +102,9 @@ class Zygote:
     """The driver's end of one zygote: starts it, asks it for runs, reads their ends. One run at a time (the
     runner's jobs run one after another)."""
 
-    def __init__(self, framework: str) -> None:
+    def __init__(self, framework: str, env: Mapping[str, str]) -> None:
         self.framework = framework
-        self.env = dict(os.environ)  # the zygote's environment: what its imports read
+        self.env = dict(env)  # the zygote's environment: what its imports read
         self._proc = subprocess.Popen([sys.executable, "-m", __name__, framework], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env,
                                       start_new_session=True)
@@ -111,31 +121,56 @@ class Zygote:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
+    @property
+    def idle(self) -> bool:
+        return self.alive and (self.running is None or self.running.returncode is not None)
+
     def start(self, argv: list[str], env: Mapping[str, str], log_path: str) -> ForkedProcess:
         """Forks a run of ``python -m experiments.execution.worker *argv`` with ``env``, in this process's working
-        directory, its output going to ``log_path``."""
-        if self.running is not None and self.running.returncode is None:
-            raise RuntimeError("the zygote is running another job")
+        directory, its output going to ``log_path``. Raises OSError where the zygote cannot (the caller starts a
+        fresh interpreter instead)."""
+        if not self.idle:
+            raise OSError(f"the {self.framework} zygote is gone or busy")
         request = {"argv": argv, "env": dict(env), "cwd": os.getcwd(), "log": log_path}
-        self._proc.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
-        self._proc.stdin.flush()  # type: ignore[union-attr]
-        answer = self._line(READY_TIMEOUT_S).split()
-        if len(answer) != 2 or answer[0] != "started":
-            raise OSError(f"the {self.framework} zygote could not fork: {' '.join(answer) or 'no answer'}")
-        self.running = ForkedProcess(self, int(answer[1]))
+        with self._retired_on_failure():
+            self._proc.stdin.write(json.dumps(request).encode() + b"\n")  # type: ignore[union-attr]
+            self._proc.stdin.flush()  # type: ignore[union-attr]
+            answer = (self._line(READY_TIMEOUT_S) or "").split()
+            if len(answer) != 2 or answer[0] != "started":
+                raise OSError(f"the {self.framework} zygote could not fork: {' '.join(answer) or 'no answer'}")
+            self.running = ForkedProcess(self, int(answer[1]))
         self.forked += 1
         return self.running
 
     def collect(self, run: ForkedProcess, timeout_s: float | None) -> None:
-        """Reads the run's end if the zygote has told it (waits up to ``timeout_s``; None: until it has)."""
-        line = self._line(timeout_s)
-        if line is None:
-            return
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "exited" and int(parts[1]) == run.pid:
+        """Reads the run's end if the zygote has told it (waits up to ``timeout_s``; None: until it has). A zygote
+        that is gone, or out of step, loses its run: -SIGKILL, as the reaper's end of it would read."""
+        with self._retired_on_failure():
+            line = self._line(timeout_s)
+        parts = (line or "").split()
+        if len(parts) == 3 and parts[0] == "exited" and parts[1] == str(run.pid):
             run.returncode = int(parts[2])
-        elif line == "":  # the zygote is gone (killed): its run is lost with it
-            run.returncode = -signal.SIGKILL
+        elif line is not None or not self.alive:
+            self._retire()
+
+    @contextlib.contextmanager
+    def _retired_on_failure(self) -> Iterator[None]:
+        """Whatever interrupts a request or its answer (an error, KeyboardInterrupt) leaves the driver and the zygote
+        out of step: the zygote is then retired, and the exception goes on."""
+        try:
+            yield
+        except BaseException:
+            self._retire()
+            raise
+
+    def _retire(self) -> None:
+        """Closes this zygote (its run killed with it, read as -SIGKILL) and forgets it: the next run starts another
+        zygote, or a fresh interpreter."""
+        if self.running is not None and self.running.returncode is None:
+            self.running.returncode = -signal.SIGKILL
+        self.close()
+        if _ZYGOTES.get(self.framework) is self:
+            del _ZYGOTES[self.framework]
 
     def _line(self, timeout_s: float | None) -> str | None:
         """The zygote's next line; None if none came within ``timeout_s``; "" at end-of-file."""
@@ -153,12 +188,13 @@ class Zygote:
         return line.decode()
 
     def close(self) -> None:
+        """Ends the zygote and whatever it still runs (the reaper's kill follows the parent links)."""
         with contextlib.suppress(OSError):
             self._proc.stdin.close()  # type: ignore[union-attr]
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(10)
         reaper.kill_job([self._proc.pid])
         self._proc.wait()
+        with contextlib.suppress(OSError):
+            self._proc.stdout.close()  # type: ignore[union-attr]
         reaper.lifeline().drop_group(self._proc.pid)
 
 
@@ -166,24 +202,37 @@ _ZYGOTES: dict[str, Zygote] = {}
 _FAILED: set[str] = set()  # frameworks whose zygote could not start: their runs start fresh interpreters
 
 
-def zygote_for(framework: str) -> Zygote | None:
-    """This driver's zygote for ``framework``, started on first use (None where forking is off or impossible)."""
+def zygote_for(framework: str, env: Mapping[str, str]) -> Zygote | None:
+    """This driver's zygote for ``framework`` whose imports saw what a run with ``env`` would see, started on first
+    use (None where forking is off or impossible). One started under other values (a test set OMP_NUM_THREADS, an
+    import set a variable since) is replaced, at the price of one interpreter's imports."""
     if os.environ.get(DISABLE) == "1" or os.name != "posix" or framework not in PRELOAD or framework in _FAILED:
         return None
     zygote = _ZYGOTES.get(framework)
-    if zygote is not None and not zygote.alive:
+    if zygote is not None and not (zygote.idle and forkable(env, zygote.env)):
+        _ZYGOTES.pop(framework).close()
         zygote = None
     if zygote is None:
         try:
-            zygote = _ZYGOTES[framework] = Zygote(framework)
+            zygote = _ZYGOTES[framework] = Zygote(framework, _import_env(env))
         except OSError:
             _FAILED.add(framework)
             return None
     return zygote
 
 
+_ORPHANED: list[subprocess.Popen[bytes]] = []  # a forked child's copies of its parent's zygotes (kept from __del__)
+
+
 def _forget_in_child() -> None:
-    _ZYGOTES.clear()  # a forked child must not use its parent's pipes
+    """A child the driver forks (a DataLoader worker in a test) neither uses its parent's zygotes nor holds their
+    pipes open (a zygote sees its driver's end as end-of-file)."""
+    for zygote in _ZYGOTES.values():
+        for pipe in (zygote._proc.stdin, zygote._proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()  # type: ignore[union-attr]
+        _ORPHANED.append(zygote._proc)
+    _ZYGOTES.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -191,6 +240,14 @@ if hasattr(os, "register_at_fork"):
 
 
 # -- the zygote process -------------------------------------------------------------------------------------------
+
+class _Forked(BaseException):  # noqa: N818 -- not an error: how a child leaves the zygote's loop
+    """Raised in a forked child, out of the zygote's loop, to its top level, which runs the job there."""
+
+    def __init__(self, request: dict[str, Any]) -> None:
+        super().__init__()
+        self.request = request
+
 
 def serve(framework: str) -> int:
     for name in PRELOAD[framework]:
@@ -201,46 +258,33 @@ def serve(framework: str) -> int:
     if threading.active_count() != 1:
         answers.write(f"refused: {threading.active_count()} threads after the imports\n".encode())
         return 1
+    gc.freeze()  # the imports' objects out of the collector's reach: a child's collections do not copy their pages
     answers.write(b"ready\n")
     for raw in requests:
         request = json.loads(raw)
-        pid = _fork(request, (requests.fileno(), answers.fileno()))
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a session of its own, then out of the loop (the zygote's files closed)
+            os.setsid()
+            os.close(ready_r)
+            os.write(ready_w, b"x")
+            os.close(ready_w)
+            requests.close()
+            answers.close()
+            raise _Forked(request)
+        os.close(ready_w)
+        os.read(ready_r, 1)  # the child leads its session now: its group can be killed
+        os.close(ready_r)
         answers.write(f"started {pid}\n".encode())
         _, status = os.waitpid(pid, 0)
         answers.write(f"exited {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
     return 0
 
 
-def _fork(request: dict[str, Any], private: tuple[int, ...]) -> int:
-    """Forks the run; returns once the child leads a session of its own (so its group can be killed). The child
-    closes the zygote's own descriptors (``private``): the driver sees the zygote's end when it ends."""
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(ready_r)
-        try:
-            os.setsid()
-            for fd in private:
-                os.close(fd)
-            os.write(ready_w, b"x")
-            os.close(ready_w)
-            code = _run(request)
-        except BaseException:  # noqa: BLE001 -- whatever happens, the child never returns into the zygote's loop
-            traceback.print_exc()
-            code = 1
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-    os.close(ready_w)
-    os.read(ready_r, 1)
-    os.close(ready_r)
-    return pid
-
-
-def _run(request: dict[str, Any]) -> int:
-    """In the child: the job's environment, working directory, output and signals, as ``python -m`` would have
-    them; then the worker."""
+def run_job(request: dict[str, Any]) -> None:
+    """In the child: the job's environment, working directory, output and signals as ``python -m`` would have them,
+    then the worker run as ``__main__`` (a spawned grain worker imports it, as it would a fresh worker's); its
+    ``sys.exit`` ends the interpreter as a fresh one ends (atexit handlers, threads joined, output flushed)."""
     os.chdir(request["cwd"])
     sys.path[0] = request["cwd"]  # python -m puts the working directory first
     zygote_env = dict(os.environ)
@@ -255,9 +299,11 @@ def _run(request: dict[str, Any]) -> int:
         for name, kind in _JAX_OPTIONS.items():
             if name in request["env"] and request["env"][name] != zygote_env.get(name):
                 jax.config.update(name.lower(), kind(request["env"][name]))
-    worker = importlib.import_module("experiments.execution.worker")
-    sys.argv = [worker.__file__, *request["argv"]]
-    return worker.main(request["argv"])
+    timing = sys.modules.get("common.timing")
+    if timing is not None:  # this process's start is the fork's, never a reading the zygote kept
+        timing.process_start_time.cache_clear()
+    sys.argv = ["-m", *request["argv"]]
+    runpy.run_module(WORKER, run_name="__main__", alter_sys=True)
 
 
 def _redirect(log: str) -> None:
@@ -276,4 +322,7 @@ def _redirect(log: str) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver stops it (end-of-file, or its reaper)
-    sys.exit(serve(sys.argv[1]))
+    try:
+        sys.exit(serve(sys.argv[1]))
+    except _Forked as forked:
+        run_job(forked.request)
