@@ -41,8 +41,8 @@ class Technique:
     changes: Callable[[Device], dict[str, Any]]
 
 
-# What the loader technique changes: the input pipeline only, no compiled program (so its rung shares the rung
-# below's compile cache: execution/plan.py)
+# What the loader technique changes: the input pipeline only, no compiled program (so top minus loader reads the
+# top rung's compile cache: execution/plan.py)
 LOADER_FIELDS = ("workers", "pin_mem", "prefetch", "persistent_workers", "device_prefetch")
 
 

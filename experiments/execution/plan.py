@@ -195,15 +195,21 @@ def _program_key(config: RunConfig) -> str:
 
 
 def _cache_names(rungs: list[Rung], configs: list[RunConfig]) -> dict[str, str]:
-    """Each rung's compile cache: the first rung (in ladder order: the cumulative rungs, then the ablations) whose
-    config compiles the same program. So the loader rung reads the baseline's (JAX compiles the same operations op by
-    op; torch's eager rungs compile nothing), an ablation that keeps the top rung's program (top minus loader) reads
-    the top rung's, as the A/A control does. Top minus flags compiles another program in both frameworks: JAX writes
-    the precision into every dot (HIGH against DEFAULT in the lowered text), inductor's cache key holds torch's fp32
-    matmul precision, and XLA_FLAGS change what XLA compiles."""
+    """Each rung's compile cache. A cumulative rung has its own, so every one of them compiles cold in repeat 0 and
+    reads its cache after, alike: a run that compiled cold may step at another pace than one that read a cache (JAX
+    op by op, one job here: 822-880 ms a step in the cold runs, 517-614 ms in the warm ones), and the rungs are
+    compared with each other. An ablation reads the cache of the first rung (in ladder order) that compiles its
+    program, as the A/A control does: top minus loader the top rung's (the loader changes no program). Top minus
+    flags compiles another program in both frameworks: JAX writes the precision into every dot (HIGH against DEFAULT
+    in the lowered text), inductor's cache key holds torch's fp32 matmul precision, and XLA_FLAGS change what XLA
+    compiles."""
     first: dict[str, str] = {}
-    return {rung.name: first.setdefault(_program_key(config), rung.name)
-            for rung, config in zip(rungs, configs, strict=True)}
+    names = {}
+    for rung, config in zip(rungs, configs, strict=True):
+        key = _program_key(config)
+        names[rung.name] = rung.name if rung.ablation is None else first.get(key, rung.name)
+        first.setdefault(key, rung.name)
+    return names
 
 
 def ordered(jobs: list[PlannedRun], seed: int, filled: frozenset[str] = frozenset()) -> list[PlannedRun]:

@@ -49,10 +49,10 @@ from experiments.reporting.tables import (
 MODES = {"native": "torch eager, JAX jit (each framework's usual mode)", "eager": "both eager (JAX op by op)",
          "compiled": "torch.compile and jax.jit"}
 MEMORY_SWEEPS = ("checkpointing", "accumulation", "batch-size", "precision", "attention")
-CACHE_TEXT = ("Compile caches: configurations that compile the same program share one (torch inductor's, JAX's "
-              "persistent compilation cache): the loader rung the baseline's, an ablation that keeps the top rung's "
-              "program the top rung's; each is emptied before its first run in repeat 0, a cold compile, and later "
-              "runs read it, as a user's second run would: the 'first step s' column shows both, cold / warm.")
+CACHE_TEXT = ("Compile caches: each cumulative rung and framework has its own (torch inductor's, JAX's persistent "
+              "compilation cache), and an ablation that keeps the top rung's program reads the top rung's; each is "
+              "emptied before its first run in repeat 0, a cold compile, and later runs read it, as a user's second "
+              "run would: the 'first step s' column shows both, cold / warm.")
 
 
 @dataclass(frozen=True)
