@@ -45,6 +45,8 @@ TABLE: tuple[Applicability, ...] = (
                   elsewhere={"torch": "torch runs one DDP process per device"}),
     Applicability("torchcompile_mode", lambda c: c.torchcompile_mode != "default",
                   elsewhere={"jax": "a torch.compile mode; jax.jit has none"}, needs_compiled=True),
+    Applicability("torchcompile_backend", lambda c: c.torchcompile_backend != "inductor",
+                  elsewhere={"jax": "a torch.compile backend; jax.jit has one compiler, XLA"}, needs_compiled=True),
     Applicability("compile_dynamic", lambda c: c.compile_dynamic != "default",
                   elsewhere={"jax": "a torch.compile setting; jax.jit compiles a program per input shape (bucketing "
                                     "is how JAX bounds them)"}, needs_compiled=True),

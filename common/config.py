@@ -28,6 +28,10 @@ from common.workloads import known_models, workload_for
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 COMPILE_MODES = ("eager", "compiled")
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# torch.compile's backend (timm's --torchcompile BACKEND): inductor generates kernels; aot_eager traces the graphs and
+# splits forward from backward as inductor's input is made, then runs them with eager kernels (PyTorch's step for
+# telling a graph-capture problem from a code-generation one); eager runs dynamo's captured graphs as they are
+TORCH_COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")
 JAX_PARALLEL = ("sharding", "shard_map", "pmap")
@@ -186,6 +190,10 @@ class RunConfig:
                               "update op by op, as torch.compile(model) alone)", "compile", choices=COMPILE_SCOPES)
     torchcompile_mode: str = knob("default", "torch.compile mode", "compile", choices=TORCH_COMPILE_MODES,
                                   frameworks=TORCH_ONLY)
+    torchcompile_backend: str = knob("inductor", "torch.compile backend: inductor (generated kernels), aot_eager "
+                                     "(graphs captured, forward and backward split, eager kernels: graph breaks and "
+                                     "recompiles without inductor's compile time) or eager", "compile",
+                                     choices=TORCH_COMPILE_BACKENDS, frameworks=TORCH_ONLY)
     compile_dynamic: str = knob("default", "torch.compile and a new input shape: false (a graph per shape, up to the "
                                 "recompile limit), default (automatic dynamic after the first recompile), true, or "
                                 "mark (mark_dynamic on the sequence axis); JAX compiles a program per shape",
@@ -381,6 +389,12 @@ def _checkpoints_need_a_folder(c: RunConfig) -> None:
         raise ConfigError("checkpoint_every needs checkpoint_dir")
 
 
+def _mode_is_inductors(c: RunConfig) -> None:
+    if c.torchcompile_backend != "inductor" and c.torchcompile_mode != "default":
+        raise ConfigError(f"torchcompile_mode '{c.torchcompile_mode}' is an inductor mode; torchcompile_backend is "
+                          f"'{c.torchcompile_backend}'")
+
+
 def _remat_parses(c: RunConfig) -> None:
     _ = c.remat_plan  # the family's parser names what it cannot read
 
@@ -396,7 +410,7 @@ def _text_reads_text(c: RunConfig) -> None:
 
 CROSS_CHECKS: tuple[Callable[[RunConfig], None], ...] = (
     _steps_or_epochs, _xla_flags_parse, _synthetic_data, _fp16_rules, _profiler_window, _sync_bn_needs_batchnorm,
-    _pipeline, _processes, _checkpoints_need_a_folder, _remat_parses, _text_reads_text)
+    _pipeline, _processes, _checkpoints_need_a_folder, _mode_is_inductors, _remat_parses, _text_reads_text)
 
 
 # annotation -> (test, what it asks for); bool is not an int here, an int is a fine float

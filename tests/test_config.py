@@ -46,10 +46,20 @@ def test_toml_with_sections_and_flag_override(tmp_path):
     ({"resume": True}, "resume needs checkpoint_dir"),
     ({"inject_inf_at_step": 1}, "needs precision fp16"),
     ({"label_smoothing": 1.5}, "label_smoothing"),
+    ({"torchcompile_backend": "aot_eager", "torchcompile_mode": "max-autotune"},
+     "torchcompile_mode 'max-autotune' is an inductor mode; torchcompile_backend is 'aot_eager'"),
 ])
 def test_bad_values_are_named(values, message):
     with pytest.raises(ConfigError, match=message):
         RunConfig(**values)
+
+
+def test_torch_compile_gets_the_backend_and_only_inductor_a_mode():
+    from torch_impl.compilation import compile_options
+
+    assert compile_options(RunConfig(torchcompile_mode="max-autotune")) == {"backend": "inductor",
+                                                                            "mode": "max-autotune"}
+    assert compile_options(RunConfig(torchcompile_backend="aot_eager")) == {"backend": "aot_eager"}
 
 
 def test_unknown_keys_and_bad_files(tmp_path):

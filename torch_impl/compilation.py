@@ -13,10 +13,17 @@ from common.config import RunConfig
 DYNAMIC = {"false": False, "default": None, "true": True, "mark": None}
 
 
+def compile_options(config: RunConfig) -> dict[str, str]:
+    """torch.compile's backend and mode as the run asks (a mode is inductor's: another backend takes none)."""
+    if config.torchcompile_backend == "inductor":
+        return {"backend": "inductor", "mode": config.torchcompile_mode}
+    return {"backend": config.torchcompile_backend}
+
+
 def compiled(config: RunConfig, model: torch.nn.Module) -> Callable[..., torch.Tensor]:
-    """``model`` under torch.compile with the run's mode and shape handling; ``mark`` marks the sequence axis of a
-    text batch dynamic before each call, so its first graph is already shape-generic (no recompile to learn it)."""
-    forward = torch.compile(model, mode=config.torchcompile_mode, dynamic=DYNAMIC[config.compile_dynamic])
+    """``model`` under torch.compile with the run's backend, mode and shape handling; ``mark`` marks the sequence axis
+    of a text batch dynamic before each call, so its first graph is already shape-generic (no recompile to learn it)."""
+    forward = torch.compile(model, dynamic=DYNAMIC[config.compile_dynamic], **compile_options(config))
     if config.compile_dynamic != "mark":
         return forward
 
@@ -28,13 +35,13 @@ def compiled(config: RunConfig, model: torch.nn.Module) -> Callable[..., torch.T
     return marked
 
 
-def compile_optimizer_step(optimizer: torch.optim.Optimizer) -> None:
+def compile_optimizer_step(optimizer: torch.optim.Optimizer, backend: str = "inductor") -> None:
     """``optimizer.step`` under torch.compile (PyTorch's compiled-optimizer recipe), so a compiled run's whole update
     is compiled, as jax.jit of JAX's step is; the LR is a tensor (``make_optimizer``), so the scheduler's new value
     each step is new data, not a new graph. GradScaler's ``step`` calls it too."""
     eager_step = optimizer.step
 
-    @torch.compile(fullgraph=False)
+    @torch.compile(fullgraph=False, backend=backend)
     def step(*args, **kwargs):
         return eager_step(*args, **kwargs)
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from common.config import PIPELINE_SPLIT_STAGE, RunConfig
+from torch_impl.compilation import compile_options
 from torch_impl.models import ResNet
 from torch_impl.train import Optimizer, StepFn
 
@@ -48,7 +49,7 @@ def make_train_step(config: RunConfig, model: ResNet, optimizer: Optimizer,
     rank, device = dist.get_rank(), next(model.parameters()).device
     module = stage_modules(model)[rank]
     if config.compile == "compiled":
-        module = torch.compile(module, mode=config.torchcompile_mode)
+        module = torch.compile(module, **compile_options(config))
     # imported here, not with the module: torch.distributed.pipelining takes ~2 s to import, which every torch run
     # (the backend imports this module) paid before, pipelined or not
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe

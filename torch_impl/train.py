@@ -100,7 +100,7 @@ def make_optimizer(config: RunConfig, model: torch.nn.Module, total_steps: int) 
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: float(learning_rate(step, config, total_steps, np)) / config.effective_lr)
     if compiles_update(config):  # after the scheduler, which wraps the eager step to see it called
-        compile_optimizer_step(optimizer)
+        compile_optimizer_step(optimizer, config.torchcompile_backend)
     return Optimizer(optimizer, scheduler, make_grad_scaler(config, _device_of(model)))
 
 

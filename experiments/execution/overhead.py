@@ -48,6 +48,7 @@ def _torch_minimal(config: RunConfig, arch: Any, batches: list[HostBatch], warmu
     import torch.nn.functional as F
 
     from torch_impl.amp import autocast
+    from torch_impl.compilation import compile_options
     from torch_impl.data import current_device, synchronize, to_nchw
     from torch_impl.techniques import apply_flags
     from torch_impl.train import make_model
@@ -55,7 +56,7 @@ def _torch_minimal(config: RunConfig, arch: Any, batches: list[HostBatch], warmu
     device = current_device()
     apply_flags(config)
     model = make_model(config, arch)
-    forward = torch.compile(model, mode=config.torchcompile_mode) if config.compile == "compiled" else model
+    forward = torch.compile(model, **compile_options(config)) if config.compile == "compiled" else model
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
                                 weight_decay=config.weight_decay)
     on_device = [(to_nchw(x).to(device), torch.from_numpy(y).long().to(device)) for x, y in batches]
