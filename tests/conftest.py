@@ -61,7 +61,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     of this list and lets an idle worker take from the end of the other's queue. So each half starts with its share
     of the slow tests, dealt alternately (the end-to-end ones, the longest, first: the tiny gpu_check.sh takes
     minutes), and ends with fast ones to be taken: a worker that drew a long test at the end would leave the other
-    idle meanwhile. Without xdist the order changes nothing (the tests are independent)."""
+    idle meanwhile. Without xdist the order changes nothing (the tests are independent). This order interleaves the
+    modules, and pytest tears a module's fixtures down whenever the next test is in another module: so the
+    expensive fixtures are session-scoped (a module-scoped one, the inference tests' trained ResNet, was built 3
+    times in one suite run), and those worth sharing between the workers are built once (helpers.built_once)."""
     slow = [item for item in items if item.get_closest_marker("slow")]
     slow.sort(key=lambda item: item.get_closest_marker("e2e") is None)  # stable: collection order within each
     fast = [item for item in items if not item.get_closest_marker("slow")]

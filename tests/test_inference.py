@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import built_once
 
 from common.config import RunConfig
 from common.workloads import arch
@@ -17,17 +19,19 @@ from experiments.__main__ import main
 INT8_ACCURACY_DELTA = 0.05  # the stated bound: at most 5 points of eval accuracy lost to INT8
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(cifar10_archive, tmp_path_factory):
     """A small ResNet trained for 4 epochs on the CIFAR-10 fixture by the torch trainer: (config, weights)."""
     from torch_impl.backend import fit
 
-    weights = tmp_path_factory.mktemp("trained") / "weights.npz"
     config = RunConfig(source="cifar10", data=str(cifar10_archive), width=0.25, batch_size=32, epochs=4, lr=0.05,
-                       warmup_steps=5, save_weights=str(weights))
-    result = fit(config)
-    assert result.status == "ok"
-    return config.replace(save_weights=None), str(weights)
+                       warmup_steps=5)
+
+    def train(folder: Path) -> None:
+        result = fit(config.replace(save_weights=str(folder / "weights.npz")))
+        assert result.status == "ok", result.error
+
+    return config, str(built_once(tmp_path_factory, "inference-trained", train) / "weights.npz")
 
 
 def _images(config: RunConfig, count: int) -> np.ndarray:

@@ -47,7 +47,7 @@ def _inputs(config: RunConfig) -> np.ndarray:
     return rng.random((4, 32, 32, 3), dtype=np.float32)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def weights(tmp_path_factory) -> dict[str, str]:
     """Each family's fresh torch weights as a torch-keyed .npz: both frameworks infer with the same weights."""
     folder = Path(tmp_path_factory.mktemp("weights"))

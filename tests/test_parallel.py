@@ -61,7 +61,7 @@ def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_
     assert weight_gap(ddp, jax_weights) < 1e-7
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def jax_one_device(cifar100_archive, tmp_path_factory):
     """(base config, losses, weights) of JAX on one device at the global batch of 16."""
     folder = tmp_path_factory.mktemp("jax-one-device")

@@ -32,14 +32,14 @@ SMALL = {"calls": 6, "warmup": 1, "throughput_batches": [8], "throughput_calls":
          "eval_batches": 1}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def data(tmp_path_factory) -> Path:
     from experiments.catalog.fixtures import write_text_fixture
 
     return write_text_fixture(tmp_path_factory.mktemp("agnews-infer"), fmt="agnews", n_train=300, n_test=100, seed=3)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(data, tmp_path_factory) -> tuple[RunConfig, str]:
     """text-micro trained 8 epochs (152 AdamW steps) by the torch trainer in this process: (config, weights)."""
     import torch

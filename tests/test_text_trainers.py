@@ -23,7 +23,7 @@ FITS = {"torch": torch_fit, "jax": jax_fit}
 EXACT = 1e-9
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(text_folder: Path, tmp_path_factory) -> RunConfig:
     # batches of 8: the fixture's long tail puts a 200+ byte text in most batches of 32, so pad-longest would pad
     # nearly every batch to the same length

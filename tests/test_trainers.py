@@ -25,7 +25,7 @@ FITS = {"torch": torch_fit, "jax": lambda config: jax_fit(config.replace(compile
 is ~50x slower); eager-vs-compiled equality has its own test below."""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(cifar100_archive: Path, tmp_path_factory) -> RunConfig:
     # drop_last: 600 images in batches of 32 end in a short one of 24, which every 20-step JAX fit would compile
     # again (3.3 s here); the short batch's recompile has its own test below
@@ -36,7 +36,7 @@ def base(cifar100_archive: Path, tmp_path_factory) -> RunConfig:
     return config.replace(init_weights=str(weights))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fitted():
     """Each framework's run of a configuration, made once per worker and shared by the tests that only read it: the
     fp32 run of ``base`` (the fp32 parity test and the four mixed-precision tests compare against it) and the fp64

@@ -38,7 +38,7 @@ def _with_initial_weights(config: RunConfig, folder: Path) -> RunConfig:
     return config.replace(init_weights=str(path))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base(cifar10_archive: Path, tmp_path_factory) -> RunConfig:
     # SGD at 0.2 (AdamW below at 3e-3): the 20 steps reach ~0.26 (~0.57) accuracy on the 100 test images, so
     # "the same accuracy" compares a model that has learned, not two chance-level ones
@@ -125,7 +125,7 @@ def test_compiled_equals_eager(base, framework):
 MIXED_STEPS = 10  # bf16 matmuls are slow on a CPU
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def fp32_reference(base):
     """Each framework's fp32 run of ``base``, shared by the mixed-precision cases."""
     cache: dict[str, object] = {}
@@ -150,7 +150,7 @@ def test_mixed_precision_follows_fp32(base, fp32_reference, framework, precision
     assert _relative_gaps(mixed.losses, reference.losses).max() < 0.05
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_process(base, tmp_path_factory):
     """framework -> (losses, final weights) of one process on the global batch of 16, fp64, 10 steps."""
     folder = tmp_path_factory.mktemp("vit-one-process")
