@@ -4,6 +4,7 @@ verification mode, so the comparison is free of fp32's rounding noise floor (tes
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import train, weight_gap
+from helpers import built_once, train, weight_gap
 
 from common.config import RunConfig
 from common.errors import ConfigError
@@ -63,10 +64,18 @@ def test_per_replica_batchnorm_differs_from_the_global_batch_and_matches_across_
 
 @pytest.fixture(scope="session")
 def jax_one_device(cifar100_archive, tmp_path_factory):
-    """(base config, losses, weights) of JAX on one device at the global batch of 16."""
-    folder = tmp_path_factory.mktemp("jax-one-device")
-    base = _base(cifar100_archive, folder, compile="compiled")
-    return (base, *train("jax", base.replace(batch_size=16), folder / "one.npz"))
+    """(base config, losses, weights) of JAX on one device at the global batch of 16: run once for both workers."""
+
+    def build(folder: Path) -> None:
+        base = _base(cifar100_archive, folder, compile="compiled")
+        losses, _ = train("jax", base.replace(batch_size=16), folder / "one.npz")
+        np.save(folder / "losses.npy", losses)
+        (folder / "base.json").write_text(json.dumps(base.to_dict()))
+
+    folder = built_once(tmp_path_factory, "jax-one-device", build)
+    weights = np.load(folder / "one.npz")
+    return (RunConfig.from_dict(json.loads((folder / "base.json").read_text())), np.load(folder / "losses.npy"),
+            {k: weights[k] for k in weights.files})
 
 
 @pytest.mark.slow
