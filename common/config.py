@@ -28,9 +28,10 @@ from common.workloads import known_models, workload_for
 PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 COMPILE_MODES = ("eager", "compiled")
 TORCH_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# torch.compile's backend (timm's --torchcompile BACKEND): inductor generates kernels; aot_eager traces the graphs and
-# splits forward from backward as inductor's input is made, then runs them with eager kernels (PyTorch's step for
-# telling a graph-capture problem from a code-generation one); eager runs dynamo's captured graphs as they are
+# torch.compile's backend (the names timm's --torchcompile takes): inductor generates kernels; aot_eager traces the
+# graphs and splits forward from backward as inductor's input is made, then runs them with eager kernels (PyTorch's
+# step for telling a graph-capture problem from a code-generation one); eager runs dynamo's captured graphs as they
+# are (no AOTAutograd: the backward's compile timer records nothing, so its compile seconds read lower)
 TORCH_COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")

@@ -97,6 +97,19 @@ def test_a_failed_attempt_never_replaces_a_finished_row(tmp_path):
     assert store.add(_row("x", "ok")) and store.finished_keys() == {"infer/torch/eager", "x"}
 
 
+def test_a_knob_a_row_did_not_record_reads_as_its_default_either_way_round():
+    """A row written before a knob existed ran with its default: the same setting in whichever order two rows are
+    compared (twinrun compare A B and B A), a real change named; an option the old row recorded and the new lacks is
+    still a change."""
+    from experiments.execution.store import changed_settings
+
+    before, now = {"config": {"steps": 3}}, {"config": {"steps": 3, "torchcompile_backend": "inductor"}}
+    assert changed_settings(before, now) == changed_settings(now, before) == []
+    changed = {"config": {"steps": 3, "torchcompile_backend": "aot_eager"}}
+    assert changed_settings(before, changed) == ["config.torchcompile_backend: 'inductor' -> 'aot_eager'"]
+    assert changed_settings({"options": {"calls": 6}}, {}) == ["options.calls: 6 -> '(not set)'"]
+
+
 def test_rows_of_other_settings_are_refused_with_what_changed(cifar100_archive, tmp_path):
     store = ResultStore(tmp_path)
     rows = _ladder_rows(cifar100_archive, tmp_path, steps=3)

@@ -20,7 +20,7 @@ import torch
 from common.config import RunConfig
 from common.data.text import CLS
 from common.inference import VARIANTS, dequantize_shape, int8_per_channel
-from torch_impl.compilation import compile_count, compiled, recompile_limit_hits
+from torch_impl.compilation import compile_count, compile_options, compiled, recompile_limit_hits
 from torch_impl.data import default_device, synchronize, to_nchw
 from torch_impl.train import make_model
 
@@ -206,6 +206,12 @@ def _tensorrt_inputs(config: RunConfig, arch: Any, device: torch.device) -> list
     return [torch.zeros(1, 3, config.image_size, config.image_size, device=device)]
 
 
+def _backend(config: RunConfig) -> str:
+    """The compiled variant's backend and mode as its row says them."""
+    options = compile_options(config)
+    return f"{options['backend']}, mode {options['mode']}" if "mode" in options else options["backend"]
+
+
 def build(name: str, config: RunConfig, arch: Any, weights: str | None,
           calibration: list[np.ndarray]) -> tuple[Predict, str]:
     """(predict, what this variant is here) for one of VARIANTS; raises Unavailable to skip it."""
@@ -215,9 +221,10 @@ def build(name: str, config: RunConfig, arch: Any, weights: str | None,
         return _predictor(model, device), f"eager fp32 on {device}"
     if name == "compiled" and arch.inputs == "tokens":  # the run's shape handling decides how many graphs it makes
         return _predictor(compiled(config, model), device), (
-            f"torch.compile fp32 (mode {config.torchcompile_mode}, dynamic {config.compile_dynamic}) on {device}")
+            f"torch.compile fp32 ({_backend(config)}, dynamic {config.compile_dynamic}) on {device}")
     if name == "compiled":
-        return _predictor(torch.compile(model), device), f"torch.compile fp32 on {device}"
+        return (_predictor(torch.compile(model, **compile_options(config)), device),
+                f"torch.compile fp32 ({_backend(config)}) on {device}")
     if name == "folded":
         return _predictor(fold_batchnorm(model), device), f"conv+BN folded (torch.fx fuse), eager fp32 on {device}"
     cpu = torch.device("cpu")

@@ -21,6 +21,7 @@ the job's process, so a dead job's lock is free again)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -36,6 +37,7 @@ from contextlib import AbstractContextManager, closing, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from common.config import RunConfig
 from common.errors import TwinrunError
 from common.results import Row
 from experiments.execution.record import RunRecord
@@ -202,9 +204,15 @@ def row_settings(row: Row) -> Row:
 
 
 def changed_settings(old: Row, new: Row) -> list[str]:
-    """'config.steps: 3 -> 7' for each setting that differs. A setting the old row did not record (a row written
-    before it existed) is not compared: nothing says it differed."""
+    """'config.steps: 3 -> 7' for each setting that differs. A config field one side did not record (a row written
+    before the knob existed) is read as its default, which that run had; another setting the old row did not record
+    is not compared: nothing says it differed."""
     flat_old, flat_new = _flatten(old), _flatten(new)
+    defaults = {f"config.{f.name}": f.default for f in dataclasses.fields(RunConfig)}
+    for mine, theirs in ((flat_old, flat_new), (flat_new, flat_old)):
+        for name in set(theirs) - set(mine):
+            if name in defaults:
+                mine[name] = defaults[name]
     return [f"{name}: {flat_old[name]!r} -> {flat_new.get(name, '(not set)')!r}"
             for name in sorted(flat_old) if name in flat_new and flat_old[name] != flat_new[name]
             or name not in flat_new and flat_old[name] is not None]
