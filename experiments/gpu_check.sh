@@ -27,6 +27,7 @@
 #   VIT_MODEL=vit-tiny ...                        # a smaller ViT for the ViT sweeps (default vit-s; tiny: vit-micro)
 #   LADDER_RUNGS=amp,compile ...                  # the ladder's techniques (default: all; tiny: compile)
 #   SWEEP_FRAMEWORK=torch ...                     # the checkpointing sweep's framework(s) (default both; tiny: torch)
+#   TORCHCOMPILE_BACKEND=aot_eager ...            # torch.compile's backend (default inductor; tiny: aot_eager)
 #
 # Every run is its own process with a timeout, so one failure is recorded in its table and the rest go on.
 set -euo pipefail
@@ -48,6 +49,7 @@ if [[ "$PRESET" == "article" ]]; then
     # text-tiny ~25 s each, 3 JAX runs, 7 process starts, one epoch of the generated 2,000 texts at batch 128 each)
     TEXT=${TEXT:-0}; TEXT_MODEL=${TEXT_MODEL:-text-tiny}; TEXT_FRAMEWORK=${TEXT_FRAMEWORK:-both}
     TEXT_SHAPES=${TEXT_SHAPES:-"pad-max pad-longest pad-longest:mark bucket"}
+    TORCHCOMPILE_BACKEND=${TORCHCOMPILE_BACKEND:-inductor}
 else
     STEPS=${STEPS:-3}; TIMEOUT=${TIMEOUT:-600}
     CHECKPOINTING=${CHECKPOINTING:-"none all"}
@@ -71,8 +73,14 @@ else
     # tests/test_vit_driver.py plans the ViT ladder and sweeps in both frameworks and runs its infer and overhead
     VIT_MODEL=${VIT_MODEL:-vit-micro}; VIT_STEPS=${VIT_STEPS:-2}; VIT_FRAMEWORK=${VIT_FRAMEWORK:-torch}
     VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-attention}; VIT_ATTENTION=${VIT_ATTENTION:-naive}
-    # CI's CPU: the shapes sweep's two JAX runs (a torch.compile of the encoder costs ~15-30 s a graph here;
-    # tests/test_text_trainers.py counts torch's graphs); TEXT_DATA: a small text set, one epoch each
+    # CI's CPU: torch.compile through the aot_eager backend (dynamo's graphs, guards and recompiles, as inductor
+    # gets them, then eager kernels): inductor's cold compile of the tiny ResNet's step took 54 s of the ladder's
+    # 135 here. Inductor's code is held to eager on that step in tests/test_trainers.py.
+    TORCHCOMPILE_BACKEND=${TORCHCOMPILE_BACKEND:-aot_eager}
+    # CI's CPU: the shapes sweep's two JAX runs (torch's, even through aot_eager, took 45 s against JAX's 36 here:
+    # dynamo traces the encoder's whole update, ~4-5 s a graph; tests/test_text_trainers.py counts torch's graphs);
+    # TEXT_DATA: a small text set, one epoch each (TORCHCOMPILE_BACKEND reaches its torch runs, with TEXT_FRAMEWORK
+    # torch or both)
     TEXT=${TEXT:-1}; TEXT_MODEL=${TEXT_MODEL:-text-micro}; TEXT_FRAMEWORK=${TEXT_FRAMEWORK:-jax}
     TEXT_SHAPES=${TEXT_SHAPES:-"pad-max bucket"}
 fi
@@ -99,7 +107,8 @@ common=(--preset "$PRESET" --repeats 1 --results "$OUT" --timeout "$TIMEOUT" "${
 stamp "ladder ($PRESET, $STEPS steps a rung)"
 rungs=()  # LADDER_RUNGS: the techniques of the ladder's rungs (default: every technique, in the default order)
 if [[ -n "$LADDER_RUNGS" ]]; then rungs=(--rungs "$LADDER_RUNGS"); fi
-twinrun ladder "${common[@]}" --steps "$STEPS" --name ladder "$ABLATIONS" "${rungs[@]}"
+twinrun ladder "${common[@]}" --steps "$STEPS" --name ladder "$ABLATIONS" "${rungs[@]}" \
+    --torchcompile-backend "$TORCHCOMPILE_BACKEND"
 if [[ "${TIME_TO_ACCURACY:-1}" != 0 ]]; then
     stamp "time-to-accuracy ladder (${ACCURACY[*]})"
     twinrun ladder "${common[@]}" --name ladder-accuracy "${ACCURACY[@]}" "${ACCURACY_EXTRA[@]}"
@@ -129,7 +138,8 @@ if [[ "$TEXT" != 0 ]]; then
     stamp "text ($TEXT_MODEL) sweep shapes: $TEXT_SHAPES"
     # shellcheck disable=SC2086
     twinrun sweep shapes --preset "$PRESET" --model "$TEXT_MODEL" --framework "$TEXT_FRAMEWORK" --repeats 1 \
-        --results "$OUT/text" --timeout "$TIMEOUT" --name sweep-shapes --values $TEXT_SHAPES "${text_data[@]}"
+        --results "$OUT/text" --timeout "$TIMEOUT" --name sweep-shapes --values $TEXT_SHAPES "${text_data[@]}" \
+        --torchcompile-backend "$TORCHCOMPILE_BACKEND"
 fi
 stamp "done; reports: $OUT/ladder/report.md $OUT/ladder-accuracy/report.md $OUT/sweep-checkpointing/report.md" \
       "$OUT/vit/sweep-checkpointing/report.md $OUT/vit/sweep-attention/report.md $OUT/text/sweep-shapes/report.md"

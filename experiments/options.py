@@ -11,6 +11,7 @@ from typing import Any
 
 from rich.console import Console
 
+from common.config import TORCH_COMPILE_BACKENDS
 from common.workloads import known_models
 from experiments.catalog.presets import PRESETS
 from experiments.execution.frameworks import CHOICES, FRAMEWORKS
@@ -161,6 +162,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
                            "filesystem: what loader workers hide)")
     plan.add_argument("--processes", type=positive_int, default=1,
                       help="JAX processes the devices are spread over (jax.distributed)")
+    plan.add_argument("--torchcompile-backend", choices=TORCH_COMPILE_BACKENDS, default="inductor",
+                      help="torch.compile's backend in every compiled torch run: inductor (generated kernels), "
+                           "aot_eager (dynamo's graphs, guards and recompiles, run with eager kernels: a smoke test "
+                           "of the plan without inductor's compile time) or eager; torch only")
     add_timeout_argument(plan, 1800.0)
     answers = parser.add_argument_group("intervals and verdicts")
     answers.add_argument("--precision", type=percent, default=None, metavar="P",
@@ -188,7 +193,7 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
                        data=args.data, steps=args.steps,
                        repeats=args.repeats, name=args.name, results=args.results, fresh=args.fresh,
                        devices=args.devices, processes=args.processes,
-                       read_latency_ms=args.read_latency_ms)
+                       read_latency_ms=args.read_latency_ms, torchcompile_backend=args.torchcompile_backend)
 
 
 def adaptive_options(args: argparse.Namespace, undecided: Callable[[list[RunRecord]], set[Configuration]],

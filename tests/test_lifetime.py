@@ -58,8 +58,9 @@ def _is_our_worker(tag: str, task: str = ""):  # noqa: ANN202
 
 def _jobs_of(driver: subprocess.Popen, task: str = "") -> list[psutil.Process]:
     """The driver's running jobs: fresh workers (of ``task``, if given), and runs forked by its zygotes (a forked
-    run's command line is its zygote's, and its parent is the zygote; only framework jobs are forked, train ones in
-    a ladder)."""
+    run's command line is its zygote's, and its parent is the zygote: its task cannot be told from outside; in the
+    ladder below, whose initial weights exist before it starts, the forked jobs are its train runs until the matmul
+    rate's, at its end)."""
     jobs = []
     with contextlib.suppress(psutil.Error):
         for proc in psutil.Process(driver.pid).children(recursive=True):
@@ -79,6 +80,12 @@ def _ladder_with_a_running_worker(prefix: list[str], archive: Path, tmp: Path, t
     killed at its end."""
     args = ["ladder", "--preset", "tiny", "--repeats", "1", "--no-ablations", "--framework", "torch", "--data",
             str(archive), "--results", str(tmp / "results"), "--name", "k"]
+    # the ladder's shared initial weights, made here first: their job (forked from the torch zygote too) would
+    # otherwise be the driver's first, and a forked job's task is not on its command line
+    from experiments.execution.plan import PlanOptions, prepare, with_paired_weights
+
+    with_paired_weights(prepare(PlanOptions(preset="tiny", framework="torch", data=str(archive),
+                                            results=str(tmp / "results"), name="k"), "k"))
     with open(tmp / "driver.log", "w") as log:
         driver = subprocess.Popen([sys.executable, *prefix, *args], cwd=REPO, stdout=log, stderr=log,
                                   start_new_session=True, env=env)
@@ -228,6 +235,7 @@ def test_time_to_accuracy_runs_start_a_fresh_interpreter():
     assert not _forkable("train", {**steps, "config": {"steps": None, "epochs": 2, "target_accuracy": None}})
     assert not _forkable("train", {**steps, "config": {"steps": 3, "epochs": None, "target_accuracy": 0.5}})
     assert not _forkable("matmul-rate", {})  # no framework named: no zygote to fork it
+    assert _forkable("matmul-rate", {"framework": "torch"}) and _forkable("init-weights", {"framework": "torch"})
 
 
 @pytest.mark.e2e

@@ -213,3 +213,23 @@ def test_every_sweep_plans_the_same_fields_for_both_frameworks(model, source, re
             assert "compile_scope" in pair["torch"].config.to_dict()
             compared.add(sweep.name)
     assert len(compared) >= 8, compared
+
+
+def test_the_torchcompile_backend_flag_reaches_every_planned_run(cifar100_archive, tmp_path):
+    """``--torchcompile-backend`` of a ladder or sweep (the tiny gpu_check.sh's aot_eager) is in the base config of
+    every run it plans; inductor by default; a name torch.compile does not know is refused by argparse."""
+    import argparse
+
+    from experiments.execution.plan import prepare
+    from experiments.options import add_plan_arguments, plan_options
+
+    parser = argparse.ArgumentParser()
+    add_plan_arguments(parser, "ladder")
+    common = ["--preset", "tiny", "--data", str(cifar100_archive), "--results", str(tmp_path)]
+    assert prepare(plan_options(parser.parse_args(common)), "x").base.torchcompile_backend == "inductor"
+    prepared = prepare(plan_options(parser.parse_args([*common, "--torchcompile-backend", "aot_eager"])), "x")
+    plan = ladder_plan(prepared, 1, "tiny", LadderOptions(Device(False, 2), ablations=False))
+    assert plan and {job.config.torchcompile_backend for job in plan} == {"aot_eager"}
+    assert any(job.config.compile == "compiled" and job.framework == "torch" for job in plan)
+    with pytest.raises(SystemExit):
+        parser.parse_args([*common, "--torchcompile-backend", "tvm"])

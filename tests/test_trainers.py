@@ -176,21 +176,15 @@ def test_checkpointing_gradients_unchanged_jax(base):
 def test_compiled_equals_eager_and_a_short_last_batch_recompiles_once(base, framework):
     """600 samples in batches of 128: four full batches and a short one of 88, which changes the shape. Both compile
     scopes compute the eager step: the whole update (the default; torch compiles optimizer.step beside the model, its
-    graphs counted in the first step's, not as recompiles) and the model alone (JAX: the update op by op). torch's
-    generated code is checked once, on the whole step (inductor); the short batch's recompile and the model scope
-    through the aot_eager backend, which captures and splits the same graphs without generating code (graphs, guards
-    and recompiles are dynamo's, whatever the backend): each inductor compile of this step costs ~40 s here."""
-    if framework == "torch":  # inductor's generated code, on the whole step at one shape (batch 16: its steps are
-        # cheap), first: dynamo remembers the sizes a frame has seen, and after the short batch below it would
-        # compile a shape-generic graph (twice the compile time here), or reuse the traced one
+    graphs counted in the first step's, not as recompiles) and the model alone (JAX: the update op by op). torch
+    through the aot_eager backend, which captures and splits the same graphs as inductor gets them, without generating
+    code (graphs, guards and recompiles are dynamo's, whatever the backend). Inductor's code for a whole update, the
+    optimizer's compiled step included, is held to eager in tests/test_vit_trainers.py::test_compiled_equals_eager
+    (a cold inductor compile of this step took 57 s alone, 83 s in the suite, once the gpu_check test, whose cache it
+    had read, compiled through aot_eager too)."""
+    if framework == "torch":  # dynamo remembers the sizes a frame has seen: an earlier test's would change the count
         import torch._dynamo
 
-        torch._dynamo.reset()
-        tiny = base.replace(batch_size=16, steps=3)
-        generated, reference = torch_fit(tiny.replace(compile="compiled")), torch_fit(tiny)
-        assert tiny.torchcompile_backend == "inductor" and generated.graphs_compiled >= 1 and generated.recompiles == 0
-        assert not any("recompile limit" in note for note in generated.notes)
-        assert _relative_gaps(generated.losses, reference.losses).max() < 1e-5
         torch._dynamo.reset()
     config = base.replace(batch_size=128, steps=5, drop_last=False)
     eager = FITS_BY_MODE[framework](config.replace(steps=3))  # op by op JAX is slow: the 3 steps compared

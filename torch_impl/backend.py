@@ -17,7 +17,13 @@ from common.weights import save_torch_keyed
 from common.workloads import loader_options
 from torch_impl import checkpoint as ckpt
 from torch_impl import parallel, pipeline
-from torch_impl.compilation import compile_count, compile_seconds, recompile_limit_hits, recompile_limit_notes
+from torch_impl.compilation import (
+    backend_notes,
+    compile_count,
+    compile_seconds,
+    recompile_limit_hits,
+    recompile_limit_notes,
+)
 from torch_impl.data import current_device, make_loader, synchronize, to_device
 from torch_impl.profiling import StepProfiler
 from torch_impl.techniques import apply_flags
@@ -67,7 +73,7 @@ class Backend:
         config, device = self.config, self.device_
         self.model = make_model(config, arch)
         self.optimizer = make_optimizer(config, self.model, total_steps)
-        notes = kernel_notes(config, arch)
+        notes = kernel_notes(config, arch) + backend_notes(config)
         if config.pipeline_stages > 1:
             self.step_fn = pipeline.make_train_step(config, self.model, self.optimizer,
                                                     lambda logits, labels: loss_fn(config, logits, labels))

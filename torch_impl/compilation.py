@@ -20,6 +20,15 @@ def compile_options(config: RunConfig) -> dict[str, str]:
     return {"backend": config.torchcompile_backend}
 
 
+def backend_notes(config: RunConfig) -> list[str]:
+    """A compiled run's note when its backend generates no code: its graphs and recompiles are a compiled run's, its
+    step times are not (said in its row, so a report never reads them as inductor's)."""
+    if config.compile != "compiled" or config.torchcompile_backend == "inductor":
+        return []
+    return [f"torch.compile backend {config.torchcompile_backend}: dynamo's graphs run with eager kernels, no "
+            f"generated code (its graphs and recompiles are a compiled run's, its step times are not)"]
+
+
 def compiled(config: RunConfig, model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """``model`` under torch.compile with the run's backend, mode and shape handling; ``mark`` marks the sequence axis
     of a text batch dynamic before each call, so its first graph is already shape-generic (no recompile to learn it)."""

@@ -47,9 +47,11 @@ def has_matmul_rate(store: ResultStore) -> bool:
 
 def ensure_matmul_rate(store: ResultStore, timeout_s: float | None = None) -> None:
     """Measures the device's matmul rate in its own process and stores its row, unless the folder has one; a
-    failed measurement is stored as failed (the report then says "not measured") and retried on the next plan."""
+    failed measurement is stored as failed (the report then says "not measured") and retried on the next plan. The
+    process is forked from the torch zygote (experiments/execution/zygote.py: torch imported, nothing run, as in a
+    fresh interpreter; each ladder or sweep started one, ~4 s here, for 7 matmuls)."""
     if has_matmul_rate(store):
         return
-    result = run_isolated("matmul-rate", {}, timeout_s=timeout_s)
+    result = run_isolated("matmul-rate", {"framework": "torch"}, timeout_s=timeout_s)
     store.add({**{k: v for k, v in result.items() if k != "traceback"}, "key": MATMUL_RATE_KEY,
                "command": MATMUL_RATE_COMMAND})

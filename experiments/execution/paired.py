@@ -16,13 +16,15 @@ from experiments.execution.runner import COMPILE_CACHE, run_isolated
 
 
 def initial_weights(config: RunConfig, folder: Path, classes: int) -> Path:
-    """The torch-initialised weights for this model and seed (made once, in a torch-only process)."""
+    """The torch-initialised weights for this model and seed (made once, in a torch-only process: the job names its
+    framework, so it is forked from the torch zygote, as the runs after it are; a fresh interpreter took ~4 s)."""
     identity = {k: config.to_dict()[k] for k in ("model", "stem", "width", "norm", "zero_init_residual", "seed")}
     digest = hashlib.sha1(json.dumps({**identity, "classes": classes}, sort_keys=True).encode()).hexdigest()[:12]
     path = folder / f"init-{digest}.npz"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        result = run_isolated("init-weights", {"config": config.to_dict(), "num_classes": classes, "path": str(path)})
+        result = run_isolated("init-weights", {"framework": INITIALISER, "config": config.to_dict(),
+                                               "num_classes": classes, "path": str(path)})
         if result["status"] != "ok":
             raise RuntimeError(f"could not make initial weights: {result['error']}")
     return path

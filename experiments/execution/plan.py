@@ -77,6 +77,7 @@ class PlanOptions:
     devices: int | None = None  # default: one per process
     processes: int = 1
     read_latency_ms: float = 0.0  # simulated slow storage on every run (a planted input-bound loader)
+    torchcompile_backend: str = "inductor"  # torch.compile's backend in every compiled torch run
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     if options.steps is not None:
         preset["steps"] = options.steps
     preset.update(devices=options.devices or options.processes, processes=options.processes,
-                  read_latency_ms=options.read_latency_ms)
+                  read_latency_ms=options.read_latency_ms, torchcompile_backend=options.torchcompile_backend)
     data, source = options.data, options.source
     if workload_for(preset["model"]).family == "text":  # a text model reads text: --data or the generated AG News
         source, data = "text", data or str(default_text_folder())
