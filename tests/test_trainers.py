@@ -178,10 +178,9 @@ def test_compiled_equals_eager_and_a_short_last_batch_recompiles_once(base, fram
     scopes compute the eager step: the whole update (the default; torch compiles optimizer.step beside the model, its
     graphs counted in the first step's, not as recompiles) and the model alone (JAX: the update op by op). torch
     through the aot_eager backend, which captures and splits the same graphs as inductor gets them, without generating
-    code (graphs, guards and recompiles are dynamo's, whatever the backend). Inductor's code for a whole update, the
-    optimizer's compiled step included, is held to eager in tests/test_vit_trainers.py::test_compiled_equals_eager
-    (a cold inductor compile of this step took 57 s alone, 83 s in the suite, once the gpu_check test, whose cache it
-    had read, compiled through aot_eager too)."""
+    code (graphs, guards and recompiles are dynamo's, whatever the backend). Inductor's code for this step is held to
+    eager in tests/test_ladder.py's gpu_check test (the ladder's compile rung against its baseline rung: the same
+    weights and batches, 3 steps), which pays the suite's one inductor compile of it (~55 s cold here)."""
     if framework == "torch":  # dynamo remembers the sizes a frame has seen: an earlier test's would change the count
         import torch._dynamo
 
