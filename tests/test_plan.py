@@ -216,7 +216,7 @@ def test_every_sweep_plans_the_same_fields_for_both_frameworks(model, source, re
 
 
 def test_the_torchcompile_backend_flag_reaches_every_planned_run(cifar100_archive, tmp_path):
-    """``--torchcompile-backend`` of a ladder or sweep (the tiny gpu_check.sh's aot_eager) is in the base config of
+    """``--torchcompile-backend`` of a ladder or sweep (gpu_check.sh's TORCHCOMPILE_BACKEND) is in the base config of
     every run it plans; inductor by default; a name torch.compile does not know is refused by argparse."""
     import argparse
 
