@@ -28,6 +28,7 @@
 #   LADDER_RUNGS=amp,compile ...                  # the ladder's techniques (default: all; tiny: compile)
 #   SWEEP_FRAMEWORK=torch ...                     # the checkpointing sweep's framework(s) (default both; tiny: torch)
 #   TORCHCOMPILE_BACKEND=aot_eager ...            # torch.compile's backend in the ladder and text sweep (inductor)
+#   CONTROL=0 ...                                 # no A/A control in the ladders and sweeps (default 1; tiny: 0)
 #
 # Every run is its own process with a timeout, so one failure is recorded in its table and the rest go on.
 set -euo pipefail
@@ -50,6 +51,7 @@ if [[ "$PRESET" == "article" ]]; then
     TEXT=${TEXT:-0}; TEXT_MODEL=${TEXT_MODEL:-text-tiny}; TEXT_FRAMEWORK=${TEXT_FRAMEWORK:-both}
     TEXT_SHAPES=${TEXT_SHAPES:-"pad-max pad-longest pad-longest:mark bucket"}
     TORCHCOMPILE_BACKEND=${TORCHCOMPILE_BACKEND:-inductor}
+    CONTROL=${CONTROL:-1}
 else
     STEPS=${STEPS:-3}; TIMEOUT=${TIMEOUT:-600}
     CHECKPOINTING=${CHECKPOINTING:-"none all"}
@@ -83,7 +85,14 @@ else
     # torch or both)
     TEXT=${TEXT:-1}; TEXT_MODEL=${TEXT_MODEL:-text-micro}; TEXT_FRAMEWORK=${TEXT_FRAMEWORK:-jax}
     TEXT_SHAPES=${TEXT_SHAPES:-"pad-max bucket"}
+    # CI's CPU: no A/A control (the reference run once more per framework, repeat and command: 8 runs, ~45 s of the
+    # test alone here); the tiny preset's timings decide nothing, and the suite runs the control end to end in
+    # tests/test_ladder.py (the resumed ladder, the serial sweep), tests/test_scaling.py and on planted rows in
+    # tests/test_stats.py. CONTROL=1 keeps it.
+    CONTROL=${CONTROL:-0}
 fi
+control=()  # CONTROL=0: --no-control for every ladder and sweep
+if [[ "$CONTROL" == 0 ]]; then control=(--no-control); fi
 # a test hook: extra flags for the accuracy ladder (the suite breaks one rung's LR, a planted accuracy drop)
 read -r -a ACCURACY_EXTRA <<< "${ACCURACY_EXTRA:-}"
 mkdir -p "$OUT"
@@ -103,7 +112,7 @@ twinrun() {
 
 data=()  # DATA: a CIFAR-100 archive or folder; default: a generated one in the official format
 if [[ -n "${DATA:-}" ]]; then data=(--data "$DATA"); fi
-common=(--preset "$PRESET" --repeats 1 --results "$OUT" --timeout "$TIMEOUT" "${data[@]}")
+common=(--preset "$PRESET" --repeats 1 --results "$OUT" --timeout "$TIMEOUT" "${data[@]}" "${control[@]}")
 stamp "ladder ($PRESET, $STEPS steps a rung)"
 rungs=()  # LADDER_RUNGS: the techniques of the ladder's rungs (default: every technique, in the default order)
 if [[ -n "$LADDER_RUNGS" ]]; then rungs=(--rungs "$LADDER_RUNGS"); fi
@@ -123,7 +132,7 @@ if [[ "${VIT:-1}" != 0 ]]; then
     # The ViT twin through the same commands (the preset adapts to its family: AdamW, lr 1e-3). Its own --results
     # folder: its initial weights and matmul rate apart from the ResNet's.
     vit=(--preset "$PRESET" --model "$VIT_MODEL" --steps "$VIT_STEPS" --framework "$VIT_FRAMEWORK" --repeats 1
-         --results "$OUT/vit" --timeout "$TIMEOUT" "${data[@]}")
+         --results "$OUT/vit" --timeout "$TIMEOUT" "${data[@]}" "${control[@]}")
     stamp "ViT ($VIT_MODEL) sweep checkpointing: $VIT_CHECKPOINTING; sweep attention: $VIT_ATTENTION"
     # shellcheck disable=SC2086  # the value lists are meant to split into words
     twinrun sweep checkpointing "${vit[@]}" --name sweep-checkpointing --values $VIT_CHECKPOINTING
@@ -139,7 +148,7 @@ if [[ "$TEXT" != 0 ]]; then
     # shellcheck disable=SC2086
     twinrun sweep shapes --preset "$PRESET" --model "$TEXT_MODEL" --framework "$TEXT_FRAMEWORK" --repeats 1 \
         --results "$OUT/text" --timeout "$TIMEOUT" --name sweep-shapes --values $TEXT_SHAPES "${text_data[@]}" \
-        --torchcompile-backend "$TORCHCOMPILE_BACKEND"
+        --torchcompile-backend "$TORCHCOMPILE_BACKEND" "${control[@]}"
 fi
 stamp "done; reports: $OUT/ladder/report.md $OUT/ladder-accuracy/report.md $OUT/sweep-checkpointing/report.md" \
       "$OUT/vit/sweep-checkpointing/report.md $OUT/vit/sweep-attention/report.md $OUT/text/sweep-shapes/report.md"

@@ -168,6 +168,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser, default_name: str) -> No
                            "of the plan without inductor's compile time) or eager; torch only")
     add_timeout_argument(plan, 1800.0)
     answers = parser.add_argument_group("intervals and verdicts")
+    answers.add_argument("--no-control", dest="control", action="store_false",
+                         help="leave out the A/A control (the reference configuration run once more in every repeat, "
+                              "per framework): the verdicts then have no measured noise floor; for a smoke test of "
+                              "the plan, not for findings")
     answers.add_argument("--precision", type=percent, default=None, metavar="P",
                          help="after the requested repeats, add interleaved repeats of the configurations whose "
                               "comparisons are still undecided until each is decided, or known within +-P percent "
@@ -193,7 +197,8 @@ def plan_options(args: argparse.Namespace) -> PlanOptions:
                        data=args.data, steps=args.steps,
                        repeats=args.repeats, name=args.name, results=args.results, fresh=args.fresh,
                        devices=args.devices, processes=args.processes,
-                       read_latency_ms=args.read_latency_ms, torchcompile_backend=args.torchcompile_backend)
+                       read_latency_ms=args.read_latency_ms, torchcompile_backend=args.torchcompile_backend,
+                       control=args.control)
 
 
 def adaptive_options(args: argparse.Namespace, undecided: Callable[[list[RunRecord]], set[Configuration]],

@@ -233,3 +233,33 @@ def test_the_torchcompile_backend_flag_reaches_every_planned_run(cifar100_archiv
     assert any(job.config.compile == "compiled" and job.framework == "torch" for job in plan)
     with pytest.raises(SystemExit):
         parser.parse_args([*common, "--torchcompile-backend", "tvm"])
+
+
+def test_no_control_leaves_the_a_a_duplicate_out_of_ladders_and_sweeps_and_the_report_says_so(
+        cifar100_archive, tmp_path):
+    """``--no-control`` (gpu_check.sh's tiny preset: a smoke test of the plan, whose A/A runs other tests pay for)
+    plans every rung or value and no A/A duplicate, in every repeat; without the flag each repeat has one per
+    framework. The report then says its verdicts have no measured noise floor."""
+    import argparse
+
+    from experiments.catalog.sweeps import SWEEPS
+    from experiments.execution.plan import prepare, sweep_plan
+    from experiments.options import add_plan_arguments, plan_options
+    from experiments.reporting.analysis import Analysis
+    from experiments.reporting.report import _noise_text
+
+    parser = argparse.ArgumentParser()
+    add_plan_arguments(parser, "ladder")
+    common = ["--preset", "tiny", "--data", str(cifar100_archive), "--results", str(tmp_path)]
+    ladder = LadderOptions(Device(False, 2), ablations=False)
+    for flags, controls in (([], 2 * len(FRAMEWORKS)), (["--no-control"], 0)):
+        prepared = prepare(plan_options(parser.parse_args([*common, *flags])), "x")
+        plan = ladder_plan(prepared, 2, "tiny", ladder)
+        assert sum(job.fields.get("control") == "aa" for job in plan) == controls, flags
+        measured = [job for job in plan if "control" not in job.fields]
+        assert len(measured) == 2 * len(ladder_rungs(ablations=False)) * len(FRAMEWORKS)
+        sweep = sweep_plan(SWEEPS["checkpointing"], ["none", "all"], prepared.base, FRAMEWORKS, repeats=2,
+                           preset="tiny", control=prepared.control)
+        assert sum(job.fields.get("control") == "aa" for job in sweep) == controls, flags
+        assert len(sweep) - controls == 2 * 2 * len(FRAMEWORKS)
+    assert "No A/A control in these rows (the job ran with --no-control" in _noise_text(Analysis(estimates={}))

@@ -86,9 +86,13 @@ def test_paired_trajectory_fp32_agrees_before_the_noise_floor(base, fitted):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("framework", ["torch", "jax"])
-def test_accumulating_4_micro_batches_of_8_equals_one_batch_of_32(base, framework):
+def test_accumulating_4_micro_batches_of_8_equals_one_batch_of_32(base, framework, tmp_path):
     """GroupNorm, so micro-batches normalise alone exactly as in the big batch; fp64 for exactness."""
     config = base.replace(norm="group", precision="fp64", steps=4, init_weights=None, eval_batches=None)
+    # from torch's GroupNorm weights, as every paired run: without them each JAX run compiled Flax's init (7 s of
+    # this test's 56 s here) and cast its values to fp64 op by op
+    export_initial_weights(config, 100, str(tmp_path / "group.npz"))
+    config = config.replace(init_weights=str(tmp_path / "group.npz"))
     big = FITS[framework](config.replace(batch_size=32))
     accumulated = FITS[framework](config.replace(batch_size=8, grad_accum_steps=4))
     assert _relative_gaps(accumulated.losses, big.losses).max() < 1e-6

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     with prepared.store.locked(f"sweep {sweep.name}", "another --name or --results"):
         prepared = with_paired_weights(prepared)  # every value is valid: now the shared initial weights
         plan = sweep_plan(sweep, values, prepared.base, prepared.frameworks, args.repeats, args.preset, args.compile,
-                          args.order_seed)
+                          args.order_seed, control=prepared.control)
 
         def undecided(records: list[RunRecord]) -> set[Configuration]:
             cells = sweep_cells(records)
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
         def repeat(number: int, only: set[Configuration]) -> list[PlannedRun]:
             return sweep_repeat(sweep, values, prepared.base, prepared.frameworks, number, f"{number + 1} (adaptive)",
-                                args.preset, args.compile, only)
+                                args.preset, args.compile, only, control=prepared.control)
 
         outcome = execute(plan, prepared.store, prepared.out.name, args.timeout, console, fresh=args.fresh,
                           adaptive=adaptive_options(args, undecided, repeat, started))

@@ -78,6 +78,7 @@ class PlanOptions:
     processes: int = 1
     read_latency_ms: float = 0.0  # simulated slow storage on every run (a planted input-bound loader)
     torchcompile_backend: str = "inductor"  # torch.compile's backend in every compiled torch run
+    control: bool = True  # the A/A control (the reference once more in every repeat): the verdicts' noise floor
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class Prepared:
     out: Path
     store: ResultStore
     frameworks: tuple[str, ...]
+    control: bool = True  # PlanOptions.control
 
 
 def prepare(options: PlanOptions, default_name: str) -> Prepared:
@@ -110,7 +112,7 @@ def prepare(options: PlanOptions, default_name: str) -> Prepared:
     store = ResultStore(out)
     store.check_writable()
     store.rows()  # a damaged store is named now, before weights are made or data is read
-    return Prepared(base, out, store, selected(options.framework, base.model))
+    return Prepared(base, out, store, selected(options.framework, base.model), options.control)
 
 
 def with_paired_weights(prepared: Prepared) -> Prepared:
@@ -162,7 +164,7 @@ def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, op
     top = rungs[len(options.order)]
     base = repeat_base(prepared, repeat, options)
     caches = _cache_names(rungs, [rung_config(rung, base, options.device) for rung in rungs])
-    for rung, control in [*((r, None) for r in rungs), (top, AA)]:
+    for rung, control in [*((r, None) for r in rungs), *([(top, AA)] if prepared.control else [])]:
         group = rung.name + (AA_SUFFIX if control else "")
         for framework in prepared.frameworks:
             if only is not None and (group, framework) not in only:
@@ -247,18 +249,20 @@ def repeat_base(prepared: Prepared, repeat: int, options: LadderOptions) -> RunC
 
 
 def sweep_plan(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...],
-               repeats: int, preset: str, compile_option: str = "native", order_seed: int = 0) -> list[PlannedRun]:
-    """Every value and the A/A control (the sweep's reference value once more) x framework x repeat, each repeat in
-    its own seeded random order; a value with no meaning in a framework is left out for it."""
+               repeats: int, preset: str, compile_option: str = "native", order_seed: int = 0,
+               control: bool = True) -> list[PlannedRun]:
+    """Every value and the A/A control (the sweep's reference value once more; ``control``: False leaves it out) x
+    framework x repeat, each repeat in its own seeded random order; a value with no meaning in a framework is left
+    out for it."""
     jobs = [job for repeat in range(repeats)
             for job in sweep_repeat(sweep, values, base, frameworks, repeat, f"{repeat + 1}/{repeats}", preset,
-                                    compile_option)]
+                                    compile_option, control=control)]
     return ordered(jobs, order_seed)
 
 
 def sweep_repeat(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...], repeat: int,
                  counted: str, preset: str, compile_option: str = "native",
-                 only: set[Configuration] | None = None) -> list[PlannedRun]:
+                 only: set[Configuration] | None = None, control: bool = True) -> list[PlannedRun]:
     """One repeat of a sweep in plan order; ``only``: just these configurations (an adaptive repeat)."""
     plan = []
     for framework in frameworks:
@@ -268,7 +272,7 @@ def sweep_repeat(sweep: Sweep, values: list[str], base: RunConfig, frameworks: t
             continue
         reference = reference_value(sweep, [v for _, v, _ in runnable], base)
         controls = [(i, v, c, None) for i, v, c in runnable]
-        controls += [(i, v, c, AA) for i, v, c in runnable if v == reference]
+        controls += [(i, v, c, AA) for i, v, c in runnable if v == reference and control]
         for index, value, changes, control in controls:
             group = value + (AA_SUFFIX if control else "")
             if only is not None and (group, framework) not in only:
