@@ -271,20 +271,20 @@ def sweep_repeat(sweep: Sweep, values: list[str], base: RunConfig, frameworks: t
         if not runnable:
             continue
         reference = reference_value(sweep, [v for _, v, _ in runnable], base)
-        controls = [(i, v, c, None) for i, v, c in runnable]
-        controls += [(i, v, c, AA) for i, v, c in runnable if v == reference and control]
-        for index, value, changes, control in controls:
-            group = value + (AA_SUFFIX if control else "")
+        jobs = [(i, v, c, None) for i, v, c in runnable]
+        jobs += [(i, v, c, AA) for i, v, c in runnable if v == reference and control]
+        for index, value, changes, duplicate in jobs:
+            group = value + (AA_SUFFIX if duplicate else "")
             if only is not None and (group, framework) not in only:
                 continue
             config = base.replace(**{"compile": mode_for(compile_option, framework), **changes})
-            title = f"{sweep.name}={value}" + (" (A/A)" if control else "")
+            title = f"{sweep.name}={value}" + (" (A/A)" if duplicate else "")
             plan.append(PlannedRun(
                 key=f"sweep/{sweep.name}/{group}/{framework}/r{repeat}", framework=framework, config=config,
                 label=f"{title} {framework:<5} repeat {counted}", command="sweep",
                 fields={"technique": sweep.name, "knob": sweep.knob, "value": value, "value_index": index,
                         "reference": reference, "repeat": repeat, "preset": preset, "mode": compile_option,
-                        **({"control": control} if control else {}),
+                        **({"control": duplicate} if duplicate else {}),
                         **(sweep.row_fields(config) if sweep.row_fields else {})}))
     return plan
 
