@@ -24,7 +24,7 @@ def _jax_batches(source, options, epoch):
     return [(np.asarray(x), np.asarray(y)) for x, y in make_loader(source, options, train=True).epoch(epoch)]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # 2 workers each side: 12.8 s
 def test_torch_and_jax_loaders_yield_identical_batches(cifar100_archive, workers):
     source = load_source("cifar100", "train", cifar100_archive)
     options = loader_options(RunConfig(batch_size=128, workers=workers, seed=11, device_prefetch=2), train=True)

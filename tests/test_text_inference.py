@@ -149,6 +149,7 @@ def test_a_missing_runtime_or_no_gpu_is_a_clear_skip(trained, monkeypatch):
     assert row["status"] == "skipped" and "onnxruntime is not installed" in row["note"]
 
 
+@pytest.mark.slow  # a program per padded length: 10.4 s of `make test-fast` here
 def test_jit_compiles_a_program_per_padded_length_in_the_warm_up_and_buckets_bound_them(trained):
     """JAX's compiled variant at batch 1: pad-longest compiles one program per distinct text length, bucket one per
     bucket; all of it in the warm-up, before the timed calls, and the note says how many."""

@@ -239,6 +239,7 @@ def test_torch_remat_keeps_fp64_gradients_with_a_mask():
             assert max(max_relative_difference(grads[k], grads0[k]) for k in grads0) < 1e-9, (kernel, name)
 
 
+@pytest.mark.slow  # its own fp64 remat programs: 12.8 s of `make test-fast` here
 def test_jax_remat_keeps_fp64_gradients_with_a_mask():
     """fused: in fp64 jax_impl's fused attention is the written-out one (see jax_impl/transformer.py), masked."""
     arch = micro("mean")

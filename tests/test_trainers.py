@@ -242,7 +242,7 @@ def test_fp16_loss_scaler_skips_an_injected_inf_and_recovers(base, framework):
     assert result.final_lr == pytest.approx(float(learning_rate(7, steps_taken, total, np)), rel=1e-6)
 
 
-@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("framework", ["torch", pytest.param("jax", marks=pytest.mark.slow)])  # JAX: 10.6 s
 def test_a_diverging_run_is_recorded_as_diverged(base, framework):
     result = FITS[framework](base.replace(lr=1e6, warmup_steps=0, steps=10))
     assert result.status == "diverged"

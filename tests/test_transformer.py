@@ -252,6 +252,7 @@ def _flax_loss(arch: EncoderArch, plan: RematPlan, policy: str, images, labels, 
     return loss
 
 
+@pytest.mark.slow  # its own remat programs: 13.6 s of `make test-fast` here
 def test_jax_remat_keeps_loss_and_gradients():
     arch = micro()
     images, labels = _batch()
