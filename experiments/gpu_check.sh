@@ -28,7 +28,7 @@
 #   LADDER_RUNGS=amp,compile ...                  # the ladder's techniques (default: all; tiny: compile)
 #   SWEEP_FRAMEWORK=torch ...                     # the checkpointing sweep's framework(s) (default both; tiny: torch)
 #   TORCHCOMPILE_BACKEND=aot_eager ...            # torch.compile's backend in the ladder and text sweep (inductor)
-#   CONTROL=0 ...                                 # no A/A control in the ladders and sweeps (default 1; tiny: 0)
+#   CONTROL=0 ...                                 # no A/A control in the ladders and sweeps (0 only; default 1; tiny: 0)
 #
 # Every run is its own process with a timeout, so one failure is recorded in its table and the rest go on.
 set -euo pipefail

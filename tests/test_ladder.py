@@ -134,11 +134,13 @@ def test_gpu_check_script_runs_the_tiny_preset_on_cpu(cifar100_archive, cifar10_
     assert all(any(n.startswith("attention: fused") for n in r["notes"]) for r in vit)
     kernels = _rows(out / "vit" / "sweep-attention", "sweep")
     assert kernels and all(r["status"] == "ok" and r["config"]["attention"] == "naive" for r in kernels)
+    assert not any(r.get("control") for r in [*sweep, *vit, *kernels])  # --no-control reached every sweep
 
     # the text shapes sweep (JAX on a CPU): an epoch per strategy, its programs, compile seconds and the winner
     shapes = {(r["value"], r["framework"]): r for r in _rows(out / "text" / "sweep-shapes", "sweep")}
     assert set(shapes) == {("pad-max", "jax"), ("bucket", "jax")}
     assert all(r["status"] == "ok" for r in shapes.values()), [r.get("error") for r in shapes.values()]
+    assert not any(r.get("control") for r in _rows(out / "text" / "sweep-shapes", "sweep"))  # --no-control here too
     assert shapes[("pad-max", "jax")]["graphs_compiled"] == 1 and shapes[("pad-max", "jax")]["compile_s"] > 0
     bucket = shapes[("bucket", "jax")]  # a program per bucket length, and per short last batch of a bucket
     assert 1 < bucket["graphs_compiled"] <= 2 * len(bucket["padded_lengths"])

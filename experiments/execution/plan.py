@@ -143,11 +143,12 @@ Configuration = tuple[str, str]  # (group, framework): a rung or sweep value (th
 
 def ladder_plan(prepared: Prepared, repeats: int, preset: str, options: LadderOptions,
                 order_seed: int = 0) -> list[PlannedRun]:
-    """Every rung (cumulative, then the ablations) and the A/A control x framework x repeat, each repeat in its own
-    seeded random order (``ordered``). Each (rung, framework) has a compile cache of its own; the first run to use
-    one in the job starts it empty (a cold compile, measured), later runs read it (said in the row's ``cache``
-    field and in the report). With ``to_accuracy``/``epochs`` each repeat has its own seed (its own initial weights
-    and batch order, the same in both frameworks), so the spread over repeats is real."""
+    """Every rung (cumulative, then the ablations) and the A/A control (unless ``prepared.control`` is False) x
+    framework x repeat, each repeat in its own seeded random order (``ordered``). Each (rung, framework) has a
+    compile cache of its own; the first run to use one in the job starts it empty (a cold compile, measured), later
+    runs read it (said in the row's ``cache`` field and in the report). With ``to_accuracy``/``epochs`` each repeat
+    has its own seed (its own initial weights and batch order, the same in both frameworks), so the spread over
+    repeats is real."""
     jobs = [job for repeat in range(repeats) for job in ladder_repeat(prepared, repeat, f"{repeat + 1}/{repeats}",
                                                                      preset, options)]
     return ordered(jobs, order_seed)
@@ -156,7 +157,8 @@ def ladder_plan(prepared: Prepared, repeats: int, preset: str, options: LadderOp
 def ladder_repeat(prepared: Prepared, repeat: int, counted: str, preset: str, options: LadderOptions,
                   only: set[Configuration] | None = None) -> list[PlannedRun]:
     """One repeat of the ladder, in plan order (``ordered`` shuffles it): every rung and the A/A control (the top
-    rung once more) in each framework; ``only``: just these configurations (an adaptive repeat)."""
+    rung once more; none when ``prepared.control`` is False) in each framework; ``only``: just these configurations
+    (an adaptive repeat)."""
     plan = []
     ablations = options.ablations and (only is not None or options.ablation_repeats is None
                                        or repeat < options.ablation_repeats)
@@ -263,7 +265,8 @@ def sweep_plan(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tup
 def sweep_repeat(sweep: Sweep, values: list[str], base: RunConfig, frameworks: tuple[str, ...], repeat: int,
                  counted: str, preset: str, compile_option: str = "native",
                  only: set[Configuration] | None = None, control: bool = True) -> list[PlannedRun]:
-    """One repeat of a sweep in plan order; ``only``: just these configurations (an adaptive repeat)."""
+    """One repeat of a sweep in plan order; ``only``: just these configurations (an adaptive repeat); ``control``:
+    False leaves the A/A duplicate out."""
     plan = []
     for framework in frameworks:
         runnable = [(i, v, c) for i, v in enumerate(values)

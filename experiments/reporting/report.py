@@ -112,8 +112,8 @@ def _method(records: list[RunRecord], precision_note: str) -> str:
 def _noise_text(analysis: Analysis) -> str:
     lines = analysis.floor_lines()
     if not lines:
-        return ("## Noise floor\n\nNo A/A control in these rows (the job ran with --no-control, or its rows predate "
-                "the control): the verdicts rest on the intervals alone.")
+        return ("## Noise floor\n\nNo A/A control in these rows (the job ran with --no-control, its rows predate the "
+                "control, or its A/A runs did not finish): the verdicts rest on the intervals alone.")
     return ("## Noise floor (A/A control)\n\nOne configuration ran twice in every repeat, at different places in the "
             "order: how far two identical configurations land apart on this machine, in this job. No verdict calls a "
             "smaller change real.\n\n" + "\n".join(f"- {line}" for line in lines))
