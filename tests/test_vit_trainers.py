@@ -113,7 +113,8 @@ def test_remat_of_attention_or_blocks_keeps_fp64_losses_and_lowers_saved_memory(
 def test_compiled_equals_eager(base, framework):
     """torch.compile and jax.jit against op-by-op execution, fp32, the first 2 steps (JAX op by op is slow). torch
     compiles the model alone (a cold compile of 2 steps: 33 s, against 43 s with the SGD update compiled beside it,
-    2 cores beside another test, 2026-12-06); the whole update compiled equal to eager is tests/test_trainers.py's."""
+    2 cores beside another test, 2026-12-06); the whole update compiled equal to eager: through inductor, the ResNet's
+    in tests/test_ladder.py's gpu_check test; through aot_eager, tests/test_trainers.py's."""
     config = base.replace(steps=2, eval_batches=1)
     eager = FITS_BY_MODE[framework](config)
     scope = "model" if framework == "torch" else "step"
