@@ -14,7 +14,7 @@ it only when momentum is None) and is left as it is.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -70,16 +70,21 @@ def _rebuild(tree: Mapping[str, Any], leaf_fn, path: tuple[str, ...] = ()) -> di
             for name, value in tree.items()}
 
 
-def torch_to_flax(state_dict: Mapping[str, Any], flax_template: Mapping[str, Any]) -> dict[str, Any]:
-    """New Flax variables shaped like ``flax_template`` with the values of a torch ``state_dict``."""
-    used: set[str] = set()
+def torch_keys(flax_template: Mapping[str, Any]) -> list[str]:
+    """The torch state_dict keys of a Flax variable tree (its leaves' names, as ``torch_to_flax`` reads them)."""
+    return [torch_key(path, leaf, collection) for collection, tree in flax_template.items()
+            for path, leaf, _ in _walk(tree)]
+
+
+def torch_to_flax(state_dict: Mapping[str, Any], flax_template: Mapping[str, Any],
+                  source: str = "the torch state_dict") -> dict[str, Any]:
+    """New Flax variables shaped like ``flax_template`` with the values of a torch ``state_dict``, which must name
+    exactly the template's tensors (``check_torch_keys``: the same refusal as torch's own load)."""
+    check_torch_keys(state_dict, torch_keys(flax_template), source)
 
     def collection_fn(collection: str):
         def leaf_fn(path: tuple[str, ...], leaf: str, template: Any) -> np.ndarray:
             key = torch_key(path, leaf, collection)
-            if key not in state_dict:
-                raise KeyError(f"torch state_dict has no '{key}' for Flax {collection}/{'/'.join(path)}/{leaf}")
-            used.add(key)
             raw = state_dict[key]
             value = _to_flax(leaf, np.asarray(raw.detach().cpu().numpy() if hasattr(raw, "detach") else raw))
             if value.shape != tuple(template.shape):
@@ -88,11 +93,7 @@ def torch_to_flax(state_dict: Mapping[str, Any], flax_template: Mapping[str, Any
             return value.astype(template.dtype)
         return leaf_fn
 
-    out = {collection: _rebuild(tree, collection_fn(collection)) for collection, tree in flax_template.items()}
-    leftover = sorted(k for k in state_dict if k not in used and not k.endswith("num_batches_tracked"))
-    if leftover:
-        raise KeyError(f"torch weights with no Flax counterpart: {', '.join(leftover[:5])}")
-    return out
+    return {collection: _rebuild(tree, collection_fn(collection)) for collection, tree in flax_template.items()}
 
 
 def flax_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -106,6 +107,21 @@ def flax_to_torch(variables: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 def flax_grads_to_torch(grads: Mapping[str, Any]) -> dict[str, np.ndarray]:
     return flax_to_torch({"params": grads})
+
+
+def check_torch_keys(loaded: Iterable[str], expected: Iterable[str], source: str) -> None:
+    """Refuse a torch-keyed weights file that does not name exactly the model's tensors (BatchNorm's step counters
+    apart: Flax keeps none). Without this, torch loaded a ResNet-10's file into a ResNet-18 and kept its own random
+    init for the blocks the file lacked: a model at chance accuracy and no error, where JAX's transfer raised."""
+    def counted(keys: Iterable[str]) -> set[str]:
+        return {k for k in keys if not k.endswith("num_batches_tracked")}
+
+    loaded, expected = counted(loaded), counted(expected)
+    missing, unexpected = sorted(expected - loaded), sorted(loaded - expected)
+    if missing or unexpected:
+        raise KeyError(f"{source} does not hold this model's weights: {len(missing)} missing "
+                       f"({', '.join(missing[:3]) or '-'}), {len(unexpected)} not in the model "
+                       f"({', '.join(unexpected[:3]) or '-'}); was it saved from another --model?")
 
 
 def save_torch_keyed(path: str | Path, state: Mapping[str, np.ndarray]) -> None:

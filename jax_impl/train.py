@@ -56,7 +56,7 @@ def make_model(config: RunConfig, arch: Any) -> Model:
         return init_variables(model, config.seed, config.image_size)
 
     if config.init_weights:  # the same initial weights as the torch run (torch-keyed .npz): shapes suffice
-        variables = torch_to_flax(load_torch_keyed(config.init_weights), jax.eval_shape(init))
+        variables = torch_to_flax(load_torch_keyed(config.init_weights), jax.eval_shape(init), config.init_weights)
     else:
         variables = init()
     variables = jax.tree.map(lambda a: jnp.asarray(a, param_dtype(config)), dict(variables))

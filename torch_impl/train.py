@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from common.config import RunConfig
 from common.model_options import ModelOptions
 from common.schedule import learning_rate
-from common.weights import load_torch_keyed, save_torch_keyed
+from common.weights import check_torch_keys, load_torch_keyed, save_torch_keyed
 from common.workloads import arch as describe
 from torch_impl import models as registry
 from torch_impl import transformer
@@ -57,8 +57,9 @@ def _make_model(config: RunConfig, arch: Any, device: torch.device) -> torch.nn.
     torch.manual_seed(config.seed)
     model = build(config, arch)
     if config.init_weights:
-        state = model.state_dict()
-        for key, value in load_torch_keyed(config.init_weights).items():
+        state, loaded = model.state_dict(), load_torch_keyed(config.init_weights)
+        check_torch_keys(loaded, state, config.init_weights)
+        for key, value in loaded.items():
             state[key] = torch.from_numpy(value).to(state[key].dtype)
         model.load_state_dict(state)
     return model.to(device=device, dtype=param_dtype(config))
