@@ -13,8 +13,11 @@ import numpy as np
 
 from common.errors import ConfigError
 
-# name -> (block kind, blocks per stage)
+# name -> (block kind, blocks per stage). resnet10: one basic block a stage (torchvision's ResNet class and names
+# with layers [1, 1, 1, 1]): the tiny preset's and the suite's model, ~30% less for XLA to compile than ResNet-18's
+# eight blocks (a JAX fp64 run of 20 steps, 24.2 -> 16.9 s here)
 FAMILY: dict[str, tuple[str, tuple[int, int, int, int]]] = {
+    "resnet10": ("basic", (1, 1, 1, 1)),
     "resnet18": ("basic", (2, 2, 2, 2)),
     "resnet34": ("basic", (3, 4, 6, 3)),
     "resnet50": ("bottleneck", (3, 4, 6, 3)),

@@ -55,7 +55,7 @@ if [[ "$PRESET" == "article" ]]; then
 else
     STEPS=${STEPS:-3}; TIMEOUT=${TIMEOUT:-600}
     CHECKPOINTING=${CHECKPOINTING:-"none all"}
-    DIAGNOSE=(--model resnet18 --width 0.125 --batch-size 16 --compile eager --steps 4 --timing-warmup 1)
+    DIAGNOSE=(--model resnet10 --width 0.125 --batch-size 16 --compile eager --steps 4 --timing-warmup 1)
     # CI's CPU: the ablations are left out of the tiny ladder (tests/test_ladder_answers.py checks them on planted
     # rows); the accuracy ladder keeps 2 seeds so that the verdict has a spread, in torch only: JAX's baseline rung
     # is eager, op by op, and its 8 runs cost the suite ~150 s (tests/test_loop.py runs JAX to a target)

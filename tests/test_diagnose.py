@@ -30,8 +30,8 @@ def _config(archive, framework: str, **changes) -> RunConfig:
 def test_a_planted_slow_loader_is_input_bound(cifar100_archive, tmp_path, framework):
     # PNG decode in the main process (0 workers) behind 60 ms of simulated storage latency per batch,
     # feeding a very small model (at 30 ms one torch run here measured a wait fraction of 0.36: too near the line).
-    config = _config(cifar100_archive, framework, png=True, workers=0, read_latency_ms=60.0, width=0.0625,
-                     batch_size=32)
+    config = _config(cifar100_archive, framework, png=True, workers=0, read_latency_ms=60.0, model="resnet10",
+                     width=0.0625, batch_size=32)
     found = diagnose(framework, config, tmp_path)
     assert found.verdict == "input-bound", found.evidence
     assert found.data_wait_fraction > 0.4

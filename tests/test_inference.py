@@ -24,8 +24,8 @@ def trained(cifar10_archive, tmp_path_factory):
     """A small ResNet trained for 4 epochs on the CIFAR-10 fixture by the torch trainer: (config, weights)."""
     from torch_impl.backend import fit
 
-    config = RunConfig(source="cifar10", data=str(cifar10_archive), width=0.25, batch_size=32, epochs=4, lr=0.05,
-                       warmup_steps=5)
+    config = RunConfig(source="cifar10", data=str(cifar10_archive), model="resnet10", width=0.25, batch_size=32,
+                       epochs=4, lr=0.05, warmup_steps=5)
 
     def train(folder: Path) -> None:
         result = fit(config.replace(save_weights=str(folder / "weights.npz")))
@@ -95,8 +95,9 @@ def test_the_onnx_export_equals_torch(trained, tmp_path):
 @pytest.mark.e2e
 def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch, capsys):
     config, weights = trained
-    args = ["infer", "--source", "cifar10", "--data", config.data, "--width", "0.25", "--weights", weights,
-            "--warmup", "2", "--throughput-batches", "32", "--throughput-calls", "2", "--calibration-batches", "4",
+    args = ["infer", "--source", "cifar10", "--data", config.data, "--model", "resnet10", "--width", "0.25",
+            "--weights", weights, "--warmup", "2", "--throughput-batches", "32", "--throughput-calls", "2",
+            "--calibration-batches", "4",
             "--out", str(tmp_path)]
     code = main([*args, "--variants", "eager", "folded", "int8", "int8-static", "onnxruntime", "tensorrt", "--calls",
                  "20"])

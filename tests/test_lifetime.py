@@ -247,7 +247,7 @@ def test_a_forked_run_computes_what_a_fresh_one_does_and_reads_its_own_compile_c
     from common.config import RunConfig
     from experiments.execution.paired import run_framework
 
-    config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=16, steps=3, epochs=None,
+    config = RunConfig(data=str(cifar100_archive), model="resnet10", width=0.125, batch_size=16, steps=3, epochs=None,
                        timing_warmup=1, eval_batches=1, compile="compiled" if framework == "jax" else "eager")
     monkeypatch.setenv(zygote.DISABLE, "0")
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax-cache"))  # not the zygote's

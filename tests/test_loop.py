@@ -93,8 +93,8 @@ def test_reported_accuracy_is_the_accuracy_on_the_test_split(cifar100_archive: P
     from torch_impl.train import make_model
 
     weights = tmp_path / "final.npz"
-    config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=32, steps=6, epochs=None, lr=0.05,
-                       timing_warmup=1, save_weights=str(weights))
+    config = RunConfig(data=str(cifar100_archive), model="resnet10", width=0.125, batch_size=32, steps=6, epochs=None,
+                       lr=0.05, timing_warmup=1, save_weights=str(weights))
     result = fit(config)
     assert result.ok and result.eval is not None and result.eval.samples == 200
     model = make_model(config.replace(init_weights=str(weights)), arch(config, 100)).cpu().eval()
@@ -120,8 +120,8 @@ def tiny_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture()
 def config(tiny_archive: Path) -> RunConfig:
-    return RunConfig(data=str(tiny_archive), source="cifar10", width=0.125, batch_size=16, epochs=3, lr=0.05,
-                     timing_warmup=1)
+    return RunConfig(data=str(tiny_archive), source="cifar10", model="resnet10", width=0.125, batch_size=16, epochs=3,
+                     lr=0.05, timing_warmup=1)
 
 
 @pytest.mark.parametrize("target,eval_every,evaluated", [

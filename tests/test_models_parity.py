@@ -86,6 +86,29 @@ def test_transfer_round_trips_exactly_both_ways():
     jax.tree.map(np.testing.assert_array_equal, again, variables)
 
 
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_a_weights_file_of_another_model_is_refused_and_named(tmp_path, framework):
+    """A ResNet-10's weights offered to a ResNet-18: both trainers refuse the file and name the blocks it lacks (4 x 10
+    tensors; torch once kept its own random init for them and ran at chance accuracy; JAX's transfer raised)."""
+    from common.config import RunConfig
+    from common.workloads import arch as describe
+    from jax_impl.train import make_model as jax_model
+    from torch_impl.train import export_initial_weights
+    from torch_impl.train import make_model as torch_model
+
+    path = tmp_path / "resnet10.npz"
+    export_initial_weights(RunConfig(model="resnet10", width=0.125), 10, str(path))
+    config = RunConfig(model="resnet18", width=0.125, init_weights=str(path))
+    make = {"torch": torch_model, "jax": jax_model}[framework]
+    with pytest.raises(KeyError, match=r"resnet10\.npz does not hold this model's weights: 40 missing \(layer1\.1\."):
+        make(config, describe(config, 10))
+    reverse = tmp_path / "resnet18.npz"  # and the other way: tensors the model does not have
+    export_initial_weights(config.replace(init_weights=None), 10, str(reverse))
+    small = RunConfig(model="resnet10", width=0.125, init_weights=str(reverse))
+    with pytest.raises(KeyError, match=r"0 missing \(-\), 40 not in the model \(layer1\.1\."):
+        make(small, describe(small, 10))
+
+
 def test_resnet50_is_torchvisions_resnet50():
     arch = resnet("resnet50", stem="imagenet", width=1.0, num_classes=100)
     ours = make_torch(arch).eval()

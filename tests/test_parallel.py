@@ -24,7 +24,7 @@ STEPS = 10
 
 def _base(archive: Path, folder: Path, **changes) -> RunConfig:
     config = RunConfig(data=str(archive), width=0.125, steps=STEPS, epochs=None, precision="fp64", eval_batches=1,
-                       timing_warmup=1, lr=0.05, **changes)
+                       timing_warmup=1, lr=0.05, **{"model": "resnet10", **changes})
     return paired_config(config, folder / "weights")  # every run from the same initial weights
 
 
@@ -33,7 +33,7 @@ def _base(archive: Path, folder: Path, **changes) -> RunConfig:
 @pytest.mark.parametrize("changes", [
     {"norm": "group", "grad_accum_steps": 2},  # GroupNorm: per sample, so no replica statistics
     {"model": "vit-micro"},  # no BatchNorm either
-], ids=["resnet18-group-accumulating", "vit-micro"])
+], ids=["resnet10-group-accumulating", "vit-micro"])
 def test_torch_ddp_on_two_processes_equals_one_process_on_the_global_batch(cifar100_archive, tmp_path, changes):
     """Each family through the same test (the ViT's was a copy in tests/test_vit_trainers.py). With accumulation,
     DDP skips the all-reduce (no_sync) on all but the last micro-batch: still equal to one process's 16 at once."""

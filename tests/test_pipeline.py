@@ -21,7 +21,7 @@ PIPELINED = dict(batch_size=16, pipeline_stages=2, pipeline_micro_batches=2)
 
 def _base(archive: Path, folder: Path, **changes) -> RunConfig:
     config = RunConfig(data=str(archive), width=0.125, steps=STEPS, epochs=None, precision="fp64", eval_batches=1,
-                       timing_warmup=1, lr=0.05, compile="compiled", **changes)
+                       timing_warmup=1, lr=0.05, compile="compiled", **{"model": "resnet10", **changes})
     return paired_config(config, folder / "weights")
 
 

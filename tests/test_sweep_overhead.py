@@ -42,8 +42,9 @@ def test_bad_sweep_values_are_named_before_any_run(cifar100_archive, tmp_path, c
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_overhead_measures_the_trainer_against_a_minimal_loop(cifar100_archive, tmp_path):
-    code = main(["overhead", "--data", str(cifar100_archive), "--width", "0.125", "--batch-size", "32", "--steps", "8",
-                 "--timing-warmup", "2", "--compile", "compiled", "--framework", "jax", "--out", str(tmp_path)])
+    code = main(["overhead", "--data", str(cifar100_archive), "--model", "resnet10", "--width", "0.125", "--batch-size",
+                 "32", "--steps", "8", "--timing-warmup", "2", "--compile", "compiled", "--framework", "jax",
+                 "--out", str(tmp_path)])
     assert code == 0
     (result,) = json.loads((tmp_path / "overhead.json").read_text())["results"]
     assert result["status"] == "ok" and result["timed_steps"] == 6
@@ -55,8 +56,8 @@ def test_overhead_measures_the_trainer_against_a_minimal_loop(cifar100_archive, 
 def test_overhead_torch_side_and_unsupported_configs(cifar100_archive, tmp_path):
     from experiments.execution.overhead import measure_in_process
 
-    config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=32, steps=6, epochs=None, timing_warmup=2,
-                       eval_batches=1)
+    config = RunConfig(data=str(cifar100_archive), model="resnet10", width=0.125, batch_size=32, steps=6, epochs=None,
+                       timing_warmup=2, eval_batches=1)
     result = measure_in_process("torch", config)
     assert result["first_loss"]["trainer"] == pytest.approx(result["first_loss"]["minimal"], rel=1e-5)
     assert result["minimal_s"]["n"] == 8  # 4 timed steps before the trainer, 4 after

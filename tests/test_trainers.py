@@ -1,6 +1,6 @@
 """Twin trainers: the same steps in both frameworks, and each technique doing what it claims.
 
-Small models (ResNet-18 at width 1/8) on a fixture archive, CPU. A finding that shapes these tests:
+Small models (ResNet-10 at width 1/8: one block a stage) on a fixture archive, CPU. A finding that shapes these tests:
 in fp32, training a BatchNorm ResNet has a rounding noise floor. A ReLU input within rounding of zero
 switches sides, and within ~10 SGD steps the loss gap reaches ~1e-3, even between torch and torch
 with only the memory layout changed (channels_last). So exact-equality claims are proven in the fp64
@@ -29,8 +29,8 @@ is ~50x slower); eager-vs-compiled equality has its own test below."""
 def base(cifar100_archive: Path, tmp_path_factory) -> RunConfig:
     # drop_last: 600 images in batches of 32 end in a short one of 24, which every 20-step JAX fit would compile
     # again (3.3 s here); the short batch's recompile has its own test below
-    config = RunConfig(data=str(cifar100_archive), width=0.125, batch_size=32, steps=20, epochs=None, lr=0.05,
-                       warmup_steps=3, eval_batches=2, timing_warmup=1, drop_last=True)
+    config = RunConfig(data=str(cifar100_archive), model="resnet10", width=0.125, batch_size=32, steps=20,
+                       epochs=None, lr=0.05, warmup_steps=3, eval_batches=2, timing_warmup=1, drop_last=True)
     weights = tmp_path_factory.mktemp("weights") / "init.npz"
     export_initial_weights(config, 100, str(weights))
     return config.replace(init_weights=str(weights))
