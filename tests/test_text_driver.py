@@ -49,4 +49,4 @@ def test_the_shapes_sweep_plans_each_strategy_per_framework_with_its_padding(tex
     assert plan[("bucket", "jax")].fields["real_tokens"] == plan[("pad-max", "jax")].fields["real_tokens"]
     # an image model has one input shape: refused by name, before any run
     assert main(["sweep", "shapes", "--preset", "tiny", "--results", str(tmp_path)]) == 2
-    assert "model 'resnet18' takes inputs of one shape" in capsys.readouterr().err
+    assert "model 'resnet10' takes inputs of one shape" in capsys.readouterr().err
