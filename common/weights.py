@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from common.errors import ConfigError
+
 FLAX_TO_TORCH_MODULE = {"downsample_conv": "downsample.0", "downsample_bn": "downsample.1"}
 # only a leaf named "kernel" is ever transposed (_to_flax, _to_torch): an "embedding" keeps its (vocab, width)
 PARAM_NAMES = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
@@ -119,7 +121,7 @@ def check_torch_keys(loaded: Iterable[str], expected: Iterable[str], source: str
     loaded, expected = counted(loaded), counted(expected)
     missing, unexpected = sorted(expected - loaded), sorted(loaded - expected)
     if missing or unexpected:
-        raise KeyError(f"{source} does not hold this model's weights: {len(missing)} missing "
+        raise ConfigError(f"{source} does not hold this model's weights: {len(missing)} missing "
                        f"({', '.join(missing[:3]) or '-'}), {len(unexpected)} not in the model "
                        f"({', '.join(unexpected[:3]) or '-'}); was it saved from another --model?")
 

@@ -91,6 +91,7 @@ def test_a_weights_file_of_another_model_is_refused_and_named(tmp_path, framewor
     """A ResNet-10's weights offered to a ResNet-18: both trainers refuse the file and name the blocks it lacks (4 x 10
     tensors; torch once kept its own random init for them and ran at chance accuracy; JAX's transfer raised)."""
     from common.config import RunConfig
+    from common.errors import ConfigError
     from common.workloads import arch as describe
     from jax_impl.train import make_model as jax_model
     from torch_impl.train import export_initial_weights
@@ -100,12 +101,12 @@ def test_a_weights_file_of_another_model_is_refused_and_named(tmp_path, framewor
     export_initial_weights(RunConfig(model="resnet10", width=0.125), 10, str(path))
     config = RunConfig(model="resnet18", width=0.125, init_weights=str(path))
     make = {"torch": torch_model, "jax": jax_model}[framework]
-    with pytest.raises(KeyError, match=r"resnet10\.npz does not hold this model's weights: 40 missing \(layer1\.1\."):
+    with pytest.raises(ConfigError, match=r"resnet10\.npz does not hold this model's weights: 40 missing \(layer1\.1"):
         make(config, describe(config, 10))
     reverse = tmp_path / "resnet18.npz"  # and the other way: tensors the model does not have
     export_initial_weights(config.replace(init_weights=None), 10, str(reverse))
     small = RunConfig(model="resnet10", width=0.125, init_weights=str(reverse))
-    with pytest.raises(KeyError, match=r"0 missing \(-\), 40 not in the model \(layer1\.1\."):
+    with pytest.raises(ConfigError, match=r"0 missing \(-\), 40 not in the model \(layer1\.1\."):
         make(small, describe(small, 10))
 
 
