@@ -2,8 +2,8 @@
 
 Small models (ResNet-10 at width 1/8: one block a stage) on a fixture archive, CPU. A finding that shapes these tests:
 in fp32, training a BatchNorm ResNet has a rounding noise floor. A ReLU input within rounding of zero
-switches sides, and within ~10 SGD steps the loss gap reaches ~1e-3, even between torch and torch
-with only the memory layout changed (channels_last). So exact-equality claims are proven in the fp64
+switches sides, and within ~10 SGD steps the loss gap reaches ~1e-3 (measured on ResNet-18), even between torch
+and torch with only the memory layout changed (channels_last). So exact-equality claims are proven in the fp64
 verification mode (agreement ~1e-10 over 20 steps), and fp32 claims are checked where fp32 can keep them.
 """
 
