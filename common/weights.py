@@ -122,8 +122,8 @@ def check_torch_keys(loaded: Iterable[str], expected: Iterable[str], source: str
     missing, unexpected = sorted(expected - loaded), sorted(loaded - expected)
     if missing or unexpected:
         raise ConfigError(f"{source} does not hold this model's weights: {len(missing)} missing "
-                       f"({', '.join(missing[:3]) or '-'}), {len(unexpected)} not in the model "
-                       f"({', '.join(unexpected[:3]) or '-'}); was it saved from another --model?")
+                          f"({', '.join(missing[:3]) or '-'}), {len(unexpected)} not in the model "
+                          f"({', '.join(unexpected[:3]) or '-'}); was it saved from another --model?")
 
 
 def save_torch_keyed(path: str | Path, state: Mapping[str, np.ndarray]) -> None:

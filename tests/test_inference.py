@@ -97,8 +97,7 @@ def test_infer_reports_latency_accuracy_and_skips(trained, tmp_path, monkeypatch
     config, weights = trained
     args = ["infer", "--source", "cifar10", "--data", config.data, "--model", "resnet10", "--width", "0.25",
             "--weights", weights, "--warmup", "2", "--throughput-batches", "32", "--throughput-calls", "2",
-            "--calibration-batches", "4",
-            "--out", str(tmp_path)]
+            "--calibration-batches", "4", "--out", str(tmp_path)]
     code = main([*args, "--variants", "eager", "folded", "int8", "int8-static", "onnxruntime", "tensorrt", "--calls",
                  "20"])
     assert code == 0

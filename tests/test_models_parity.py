@@ -121,6 +121,19 @@ def test_resnet50_is_torchvisions_resnet50():
         torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
 
 
+def test_resnet10_is_torchvisions_resnet_with_one_block_a_stage():
+    """ResNet-10 (the tiny preset's and the suite's model) is torchvision's ResNet class with layers [1, 1, 1, 1]:
+    its state_dict loads by name and computes the same function."""
+    from torchvision.models.resnet import BasicBlock, ResNet
+
+    ours = make_torch(resnet("resnet10", stem="imagenet", width=1.0, num_classes=100)).eval()
+    theirs = ResNet(BasicBlock, [1, 1, 1, 1], num_classes=100).eval()
+    ours.load_state_dict(theirs.state_dict())  # strict: every name and shape agrees
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+
+
 def test_flax_parameter_count_equals_torch():
     arch = resnet("resnet50", stem="imagenet", width=1.0, num_classes=100)
     variables = jax.eval_shape(lambda: init_variables(make_flax(arch), 0, 64))
