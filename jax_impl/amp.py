@@ -20,21 +20,24 @@ def compute_dtype(config: RunConfig) -> Any:
 
 class LossScale(NamedTuple):
     """Dynamic loss scaling with GradScaler's rules: on inf/nan halve and skip the step; after
-    ``growth_interval`` good steps in a row, double."""
+    ``growth_interval`` good steps in a row, double. Every setting is a value of the state, none a constant of the
+    compiled step: runs that differ only in the scale's initial value or interval run one program."""
 
     scale: jax.Array
     good_steps: jax.Array
+    growth_interval: jax.Array
 
     @classmethod
     def create(cls, config: RunConfig) -> LossScale:
         initial = config.loss_scale_init if config.precision == "fp16" else 1.0
-        return cls(jnp.asarray(initial, jnp.float32), jnp.asarray(0, jnp.int32))
+        return cls(jnp.asarray(initial, jnp.float32), jnp.asarray(0, jnp.int32),
+                   jnp.asarray(config.loss_scale_growth_interval, jnp.int32))
 
-    def update(self, finite: jax.Array, growth_interval: int) -> LossScale:
+    def update(self, finite: jax.Array) -> LossScale:
         good = jnp.where(finite, self.good_steps + 1, 0)
-        grow = good >= growth_interval
+        grow = good >= self.growth_interval
         scale = jnp.where(finite, jnp.where(grow, self.scale * 2.0, self.scale), self.scale * 0.5)
-        return LossScale(scale, jnp.where(grow, 0, good).astype(jnp.int32))
+        return self._replace(scale=scale, good_steps=jnp.where(grow, 0, good).astype(jnp.int32))
 
 
 def all_finite(tree: Any) -> jax.Array:

@@ -146,7 +146,7 @@ def make_train_step(config: RunConfig, model: Model, optimizer: Optimizer) -> St
             finite = all_finite(grads)
             keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)  # noqa: E731
             params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-            loss_scale = state.loss_scale.update(finite, config.loss_scale_growth_interval)
+            loss_scale = state.loss_scale.update(finite)
         else:
             loss_scale = state.loss_scale
         return TrainState(params, batch_stats, opt_state, loss_scale), loss
