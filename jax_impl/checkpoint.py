@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import jax
 import orbax.checkpoint as ocp
 
+from common.errors import ConfigError
 from jax_impl.amp import LossScale
 
 
@@ -38,9 +39,18 @@ def latest(folder: str | Path) -> Path | None:
 
 
 def load(path: Path, like: Any) -> Any:
-    """Restores into the structure, shapes and dtypes of ``like``."""
+    """Restores into the structure, shapes and dtypes of ``like``; a checkpoint of another state (another model, or
+    one written before the state changed shape: the loss scale's growth interval joined it) is a ConfigError that
+    names it, not orbax's bare ValueError."""
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-    return ocp.StandardCheckpointer().restore(path, abstract)
+    try:
+        return ocp.StandardCheckpointer().restore(path, abstract)
+    except ValueError as error:
+        if "do not match" not in str(error):
+            raise
+        raise ConfigError(f"checkpoint {path} does not hold this run's state (another model or settings, or an older "
+                          f"twinrun wrote it): {' '.join(str(error).split())[:300]}; resume from a checkpoint of this "
+                          "run, or start without --resume") from None
 
 
 def step_of(path: Path) -> int:

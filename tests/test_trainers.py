@@ -286,3 +286,28 @@ def test_resume_after_a_killed_process_continues_the_same_curve(base, tmp_path):
     assert resumed.status == "ok" and resumed.start_step == 4
     assert _relative_gaps(resumed.losses, full.losses[4:]).max() < 1e-6
     assert resumed.eval.accuracy == full.eval.accuracy
+
+
+def test_a_jax_checkpoint_of_another_state_is_refused_and_named(tmp_path):
+    """A checkpoint whose state has another shape (here: the loss scale before its growth interval joined the state)
+    is a ConfigError naming the checkpoint and what is missing, not orbax's bare ValueError."""
+    from typing import NamedTuple
+
+    import jax.numpy as jnp
+
+    from common.errors import ConfigError
+    from jax_impl import checkpoint
+    from jax_impl.amp import LossScale
+
+    class OlderLossScale(NamedTuple):
+        scale: object
+        good_steps: object
+
+    params = {"w": jnp.ones(3)}
+    older = OlderLossScale(jnp.ones(()), jnp.zeros((), jnp.int32))
+    path = checkpoint.save(tmp_path, 4, checkpoint.TrainState(params, {}, (), older))
+    like = checkpoint.TrainState(params, {}, (), LossScale.create(RunConfig(precision="fp16")))
+    with pytest.raises(ConfigError, match=r"checkpoint .*jax_step_00000004 does not hold this run's state"
+                                          r".*growth_interval"):
+        checkpoint.load(path, like)
+    assert checkpoint.load(checkpoint.save(tmp_path / "now", 4, like), like).loss_scale.growth_interval == 2000
