@@ -77,7 +77,8 @@ else
     VIT_CHECKPOINTING=${VIT_CHECKPOINTING:-attention}; VIT_ATTENTION=${VIT_ATTENTION:-naive}
     # CI's CPU: inductor, as on the GPU (its cold compile of the tiny ResNet's step is ~80 s of the ladder's ~160
     # in the suite here): the suite's test of this script holds the compile rung's losses to the baseline rung's, the
-    # suite's one check of inductor's code on that step. TORCHCOMPILE_BACKEND=aot_eager runs dynamo's graphs with eager kernels.
+    # suite's one check of inductor's code on that step. TORCHCOMPILE_BACKEND=aot_eager runs dynamo's graphs with
+    # eager kernels.
     TORCHCOMPILE_BACKEND=${TORCHCOMPILE_BACKEND:-inductor}
     # CI's CPU: the shapes sweep's two JAX runs (torch's, even through aot_eager, took 45 s against JAX's 36 here:
     # dynamo traces the encoder's whole update, ~4-5 s a graph; tests/test_text_trainers.py counts torch's graphs);
